@@ -1,0 +1,103 @@
+"""The flat parameter layout of DESIGN.md section 1.
+
+Every parameter is a view into ONE contiguous buffer, in a fixed order, so that the
+optimiser runs one pass over flat buffers and a checkpoint is one array plus this index.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .config import ModelConfig
+
+Shape = tuple[int, ...]
+
+
+def _attn(prefix: str, d: int) -> list[tuple[str, Shape]]:
+    out: list[tuple[str, Shape]] = []
+    for proj in ("q", "k", "v", "o"):
+        out += [(f"{prefix}.w{proj}", (d, d)), (f"{prefix}.b{proj}", (d,))]
+    return out
+
+
+def _ln(prefix: str, d: int) -> list[tuple[str, Shape]]:
+    return [(f"{prefix}.g", (d,)), (f"{prefix}.b", (d,))]
+
+
+def _ffn(prefix: str, d: int, f: int) -> list[tuple[str, Shape]]:
+    return [(f"{prefix}.w1", (f, d)), (f"{prefix}.b1", (f,)),
+            (f"{prefix}.w2", (d, f)), (f"{prefix}.b2", (d,))]
+
+
+def param_layout(cfg: ModelConfig) -> list[tuple[str, Shape]]:
+    """(name, shape) of every parameter in checkpoint order."""
+    d, f, v = cfg.d_model, cfg.d_ff, cfg.vocab_size
+    layout: list[tuple[str, Shape]] = [("tok_emb", (v, d))]
+    for i in range(cfg.n_enc_layers):
+        p = f"enc.{i}"
+        layout += _ln(f"{p}.ln1", d) + _attn(f"{p}.attn", d)
+        layout += _ln(f"{p}.ln2", d) + _ffn(f"{p}.ffn", d, f)
+    layout += _ln("enc.ln", d)
+    for i in range(cfg.n_dec_layers):
+        p = f"dec.{i}"
+        layout += _ln(f"{p}.ln1", d) + _attn(f"{p}.self", d)
+        layout += _ln(f"{p}.ln2", d) + _attn(f"{p}.cross", d)
+        layout += _ln(f"{p}.ln3", d) + _ffn(f"{p}.ffn", d, f)
+    layout += _ln("dec.ln", d)
+    layout += [("out.w", (v, d)), ("out.b", (v,)), ("gate.w", (1, d)), ("gate.b", (1,))]
+    return layout
+
+
+@dataclass(frozen=True)
+class Slot:
+    name: str
+    shape: Shape
+    offset: int
+    size: int
+
+
+def slots(layout: list[tuple[str, Shape]]) -> list[Slot]:
+    out, offset = [], 0
+    for name, shape in layout:
+        size = int(np.prod(shape))
+        out.append(Slot(name, tuple(shape), offset, size))
+        offset += size
+    return out
+
+
+def num_params(layout: list[tuple[str, Shape]]) -> int:
+    return sum(int(np.prod(s)) for _, s in layout)
+
+
+def views(flat, layout: list[tuple[str, Shape]]) -> dict:
+    """Named views into `flat` (numpy or cupy): writing a view writes the buffer."""
+    return {s.name: flat[s.offset : s.offset + s.size].reshape(s.shape) for s in slots(layout)}
+
+
+def decay_mask(layout: list[tuple[str, Shape]]) -> np.ndarray:
+    """1.0 where AdamW applies weight decay (2-D matrices, embedding included), else 0.0."""
+    mask = np.zeros(num_params(layout), dtype=np.float32)
+    for s in slots(layout):
+        if len(s.shape) == 2:
+            mask[s.offset : s.offset + s.size] = 1.0
+    return mask
+
+
+def init_flat(layout: list[tuple[str, Shape]], seed: int) -> np.ndarray:
+    """Deterministic float64 initial weights: N(0, 0.02) matrices, zero biases, unit gains.
+
+    Generated in float64 so float32 and float64 models from one seed hold the same values
+    up to rounding (the gradient checks rely on it).
+    """
+    rng = np.random.default_rng(seed)
+    flat = np.zeros(num_params(layout), dtype=np.float64)
+    for s in slots(layout):
+        leaf = s.name.rsplit(".", 1)[-1]
+        chunk = flat[s.offset : s.offset + s.size]
+        if len(s.shape) == 2:
+            chunk[:] = rng.normal(0.0, 0.02, size=s.size)
+        elif leaf == "g":
+            chunk[:] = 1.0
+    return flat

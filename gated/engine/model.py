@@ -1,0 +1,221 @@
+"""The encoder-decoder gate model: forward, exact hand-written backward, losses.
+
+Read top to bottom: embedding, encoder, gate head, decoder, losses, then the backward
+pass in reverse order. All parameters live in one flat buffer (see layout.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from . import layers as L
+from .config import ModelConfig
+from .layout import decay_mask, init_flat, num_params, param_layout, views
+from .ops_numpy import NumpyOps
+from .tokenizer import BOS, EOS, PAD, decode_bytes
+
+
+def get_ops(backend: str) -> NumpyOps:
+    """The backend seam: "numpy" now; "cupy" adds GPU kernels behind the same methods."""
+    if backend == "numpy":
+        return NumpyOps()
+    if backend == "cupy":
+        from .ops_cupy import CupyOps  # imported lazily: CuPy is an optional extra
+
+        return CupyOps()
+    raise ValueError(f"unknown backend {backend!r}; use 'numpy' or 'cupy'")
+
+
+def sinusoidal_positions(max_len: int, d: int) -> np.ndarray:
+    """PE[p, 2i] = sin(p / 10000^(2i/d)), PE[p, 2i+1] = cos(p / 10000^(2i/d)), float64."""
+    pos = np.arange(max_len, dtype=np.float64)[:, None]
+    div = np.power(10000.0, np.arange(0, d, 2, dtype=np.float64) / d)
+    pe = np.zeros((max_len, d), dtype=np.float64)
+    pe[:, 0::2] = np.sin(pos / div)
+    pe[:, 1::2] = np.cos(pos / div)
+    return pe
+
+
+class Model:
+    """Parameters (one flat buffer + named views), gradients (same layout), the math."""
+
+    def __init__(self, cfg: ModelConfig, flat, ops: NumpyOps, dtype: str) -> None:
+        xp = ops.xp
+        self.cfg, self.ops, self.dtype = cfg, ops, np.dtype(dtype)
+        self.layout = param_layout(cfg)
+        if flat.shape != (num_params(self.layout),):
+            raise ValueError(f"flat buffer has shape {flat.shape}, layout needs "
+                             f"({num_params(self.layout)},)")
+        self.flat = flat
+        self.params = views(flat, self.layout)
+        self.grad_flat = xp.zeros_like(flat)
+        self.grads = views(self.grad_flat, self.layout)
+        self.pe = xp.asarray(sinusoidal_positions(cfg.max_seq_len, cfg.d_model), dtype=self.dtype)
+        self.lambda_bce = 1.0
+        self.lambda_ce = 0.5
+        self.ewc = None  # an optim.EWC, when the anti-forgetting term is on
+
+    # --- construction --------------------------------------------------------------------
+    @classmethod
+    def init(cls, cfg: ModelConfig, seed: int = 0, backend: str = "numpy",
+             dtype: str = "float32") -> Model:
+        """Fresh weights, deterministic by seed (same values for float32 and float64)."""
+        ops = get_ops(backend)
+        flat = ops.xp.asarray(init_flat(param_layout(cfg), seed), dtype=dtype)
+        return cls(cfg, flat, ops, dtype)
+
+    @classmethod
+    def from_flat(cls, cfg: ModelConfig, flat, backend: str = "numpy",
+                  dtype: str = "float32") -> Model:
+        """A model over a COPY of `flat` (serving snapshots never alias training weights)."""
+        ops = get_ops(backend)
+        return cls(cfg, ops.xp.array(flat, dtype=dtype, copy=True), ops, dtype)
+
+    @property
+    def num_params(self) -> int:
+        return int(self.flat.size)
+
+    def decay_mask(self) -> np.ndarray:
+        return decay_mask(self.layout)
+
+    # --- forward pieces -------------------------------------------------------------------
+    def _embed(self, tokens):
+        return self.params["tok_emb"][tokens] + self.pe[: tokens.shape[1]]
+
+    def _src_masks(self, src):
+        keep = src != PAD
+        return keep[:, None, None, :], keep.astype(self.dtype)
+
+    def encode(self, src, keep_cache: bool = False):
+        """enc = LN_enc(encoder layers(E[src] + PE)); returns (enc, caches)."""
+        cfg, ops, P = self.cfg, self.ops, self.params
+        keep, _ = self._src_masks(src)
+        x = self._embed(src)
+        caches = []
+        for i in range(cfg.n_enc_layers):
+            x, c = L.enc_layer_fwd(ops, P, i, x, keep, cfg.n_heads, cfg.ln_eps)
+            caches.append(c)
+        enc, ln_c = L.ln_fwd(ops, P, "enc.ln", x, cfg.ln_eps)
+        return enc, (caches, ln_c) if keep_cache else None
+
+    def gate_logit(self, enc, src_mask):
+        pooled, denom = self.ops.mean_pool(enc, src_mask)
+        z = L.linear_fwd(pooled, self.params["gate.w"], self.params["gate.b"])[:, 0]
+        return z, pooled, denom
+
+    def decode_logits(self, tgt_in, enc, src_keep):
+        """Decoder stack over tgt_in given enc; returns (logits [B,T,V], caches)."""
+        cfg, ops, P, xp = self.cfg, self.ops, self.params, self.ops.xp
+        t = tgt_in.shape[1]
+        causal = xp.tril(xp.ones((t, t), dtype=bool))[None, None]
+        y = self._embed(tgt_in)
+        caches = []
+        for i in range(cfg.n_dec_layers):
+            y, c = L.dec_layer_fwd(ops, P, i, y, enc, causal, src_keep, cfg.n_heads, cfg.ln_eps)
+            caches.append(c)
+        dec, ln_c = L.ln_fwd(ops, P, "dec.ln", y, cfg.ln_eps)
+        logits = L.linear_fwd(dec, P["out.w"], P["out.b"])
+        return logits, (caches, ln_c, dec)
+
+    def _to_backend(self, batch: dict[str, Any]):
+        xp = self.ops.xp
+        return (xp.asarray(batch["src"]), xp.asarray(batch["tgt_in"]),
+                xp.asarray(batch["tgt_out"]), xp.asarray(batch["label"], dtype=self.dtype),
+                xp.asarray(batch["weight"], dtype=self.dtype))
+
+    # --- loss, forward and backward ------------------------------------------------------
+    def loss(self, batch: dict[str, Any]) -> tuple[float, dict[str, float]]:
+        """Forward only: total loss and its parts {"bce", "ce"} (plus "ewc" when on)."""
+        loss, parts, _ = self._forward(batch, need_grads=False)
+        return loss, parts
+
+    def loss_and_grads(self, batch: dict[str, Any]) -> tuple[float, dict]:
+        """Forward + exact backward; gradients land in `self.grad_flat` (views: returned)."""
+        loss, _, _ = self._forward(batch, need_grads=True)
+        return loss, self.grads
+
+    def loss_parts_and_grads(self, batch: dict[str, Any]) -> tuple[float, dict[str, float]]:
+        """Like loss_and_grads but returns the loss parts (for metrics); grads in grad_flat."""
+        loss, parts, _ = self._forward(batch, need_grads=True)
+        return loss, parts
+
+    def _forward(self, batch, need_grads: bool):
+        cfg, ops, P, G, xp = self.cfg, self.ops, self.params, self.grads, self.ops.xp
+        src, tgt_in, tgt_out, label, weight = self._to_backend(batch)
+        b = src.shape[0]
+        src_keep, src_mask = self._src_masks(src)
+
+        enc, enc_cache = self.encode(src, keep_cache=need_grads)
+        z, pooled, denom = self.gate_logit(enc, src_mask)
+        bce, dz = ops.bce_with_logits(z, label, weight, self.lambda_bce)
+
+        tgt_mask = (tgt_out != PAD).astype(self.dtype).reshape(-1)
+        has_targets = bool(tgt_mask.sum() > 0)
+        ce, dlogits = 0.0, None
+        if has_targets:
+            # Without target tokens the decoder adds nothing to the loss or any gradient,
+            # so it is skipped exactly (not approximated).
+            logits, dec_cache = self.decode_logits(tgt_in, enc, src_keep)
+            targets = xp.where(tgt_out == PAD, 0, tgt_out).reshape(-1)
+            ce, dlogits, _ = ops.cross_entropy(logits.reshape(-1, cfg.vocab_size), targets,
+                                               tgt_mask, self.lambda_ce)
+        parts = {"bce": bce, "ce": ce}
+        total = self.lambda_bce * bce + self.lambda_ce * ce
+        if self.ewc is not None and self.ewc.lam > 0:
+            parts["ewc"] = self.ewc.penalty(self.flat)
+            total += parts["ewc"]
+        if not need_grads:
+            return total, parts, None
+
+        self.grad_flat[...] = 0
+        # Gate head and mean-pool -> d enc.
+        dpooled = L.linear_bwd(dz[:, None], pooled, P["gate.w"], G["gate.w"], G["gate.b"])
+        denc = ops.mean_pool_bwd(dpooled, src_mask, denom)
+        if has_targets:
+            dec_caches, dec_ln, dec = dec_cache
+            ddec = L.linear_bwd(dlogits.reshape(b, -1, cfg.vocab_size), dec, P["out.w"],
+                                G["out.w"], G["out.b"])
+            dy = L.ln_bwd(ops, P, G, "dec.ln", ddec, dec_ln)
+            for i in reversed(range(cfg.n_dec_layers)):
+                dy, denc_i = L.dec_layer_bwd(ops, P, G, i, dy, dec_caches[i], cfg.n_heads)
+                denc = denc + denc_i
+            ops.embedding_bwd(G["tok_emb"], tgt_in, dy)
+        enc_caches, enc_ln = enc_cache
+        dx = L.ln_bwd(ops, P, G, "enc.ln", denc, enc_ln)
+        for i in reversed(range(cfg.n_enc_layers)):
+            dx = L.enc_layer_bwd(ops, P, G, i, dx, enc_caches[i], cfg.n_heads)
+        ops.embedding_bwd(G["tok_emb"], src, dx)
+        if self.ewc is not None and self.ewc.lam > 0:
+            self.ewc.add_grad(self.flat, self.grad_flat)
+        return total, parts, None
+
+    # --- serving -----------------------------------------------------------------------------
+    def predict_proba(self, src) -> np.ndarray:
+        """p_allow = sigmoid(gate logit) for PAD-padded sources [B, S] (encoder only)."""
+        src = self.ops.xp.asarray(src)
+        enc, _ = self.encode(src)
+        z, _, _ = self.gate_logit(enc, self._src_masks(src)[1])
+        return self.ops.to_numpy(self.ops.sigmoid(z)).astype(np.float64)
+
+    def predict_and_decode(self, src_row, max_len: int = 64) -> tuple[float, str]:
+        """(p_allow, greedy-decoded reason) for one source row, sharing the encoder pass."""
+        xp = self.ops.xp
+        src = xp.asarray(src_row).reshape(1, -1)
+        enc, _ = self.encode(src)
+        keep, mask = self._src_masks(src)
+        z, _, _ = self.gate_logit(enc, mask)
+        p = float(self.ops.to_numpy(self.ops.sigmoid(z))[0])
+        tokens = [BOS]
+        for _ in range(min(max_len, self.cfg.max_seq_len)):
+            logits, _ = self.decode_logits(xp.asarray([tokens]), enc, keep)
+            nxt = int(self.ops.to_numpy(logits[0, -1].argmax()))
+            if nxt == EOS:
+                break
+            tokens.append(nxt)
+        return p, decode_bytes(tokens[1:])
+
+    def greedy_decode(self, src_row, max_len: int = 64) -> str:
+        """The reason the decoder produces for a source, greedily, up to EOS or max_len."""
+        return self.predict_and_decode(src_row, max_len)[1]

@@ -1,0 +1,146 @@
+"""The backend seam: the fused operations of a training step, on NumPy.
+
+Model code is written against `ops.xp` (the array namespace) plus the methods below.
+A GPU backend subclasses `NumpyOps`, sets `xp = cupy` and replaces methods with fused
+kernels; everything else (matmuls, reshapes) already runs on `xp`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+GELU_C = math.sqrt(2.0 / math.pi)
+
+
+class NumpyOps:
+    """Reference implementations: exact, readable, vectorised."""
+
+    name = "numpy"
+    xp = np
+
+    def asarray(self, a, dtype=None):
+        return self.xp.asarray(a, dtype=dtype)
+
+    def to_numpy(self, a) -> np.ndarray:
+        return np.asarray(a)
+
+    # --- LayerNorm ------------------------------------------------------------------
+    def layernorm_fwd(self, x, g, b, eps: float):
+        """y = (x - mean) / sqrt(var + eps) * g + b, biased variance over the last axis."""
+        mean = x.mean(axis=-1, keepdims=True)
+        xc = x - mean
+        var = (xc * xc).mean(axis=-1, keepdims=True)
+        rstd = 1.0 / np.sqrt(var + eps)
+        xhat = xc * rstd
+        return xhat * g + b, (xhat, rstd)
+
+    def layernorm_bwd(self, dy, cache, g, dg, db):
+        """dx = rstd (dxhat - mean(dxhat) - xhat mean(dxhat xhat)); accumulates dg, db."""
+        xhat, rstd = cache
+        d = xhat.shape[-1]
+        dg += (dy * xhat).reshape(-1, d).sum(axis=0)
+        db += dy.reshape(-1, d).sum(axis=0)
+        dxhat = dy * g
+        return rstd * (
+            dxhat
+            - dxhat.mean(axis=-1, keepdims=True)
+            - xhat * (dxhat * xhat).mean(axis=-1, keepdims=True)
+        )
+
+    # --- bias + tanh-GELU ------------------------------------------------------------
+    def bias_gelu_fwd(self, h, b):
+        """a = h + b; y = 0.5 a (1 + tanh(c (a + 0.044715 a^3))). Returns (y, a)."""
+        a = h + b
+        t = np.tanh(GELU_C * (a + 0.044715 * a * a * a))
+        return 0.5 * a * (1.0 + t), a
+
+    def gelu_bwd(self, dy, a):
+        t = np.tanh(GELU_C * (a + 0.044715 * a * a * a))
+        da = 0.5 * (1.0 + t) + 0.5 * a * (1.0 - t * t) * GELU_C * (1.0 + 3 * 0.044715 * a * a)
+        return dy * da
+
+    # --- attention softmax -----------------------------------------------------------
+    def masked_softmax(self, s, keep):
+        """Row softmax of scores `s` [.., Tq, Tk] where `keep` (broadcastable bool) is True.
+
+        Masked scores are -inf before the softmax, so they get exactly zero probability.
+        """
+        s = np.where(keep, s, -np.inf)
+        s = s - s.max(axis=-1, keepdims=True)
+        e = np.exp(s)
+        return e / e.sum(axis=-1, keepdims=True)
+
+    def softmax_bwd(self, p, dp):
+        """dS = P * (dP - rowsum(P * dP))."""
+        return p * (dp - (p * dp).sum(axis=-1, keepdims=True))
+
+    # --- losses ----------------------------------------------------------------------
+    def cross_entropy(self, logits, targets, mask, scale: float):
+        """Masked token-mean CE and its gradient (already multiplied by `scale`).
+
+        logits [N, V], targets [N] int, mask [N] float. Returns (loss, dlogits, count).
+        """
+        count = float(mask.sum())
+        denom = max(1.0, count)
+        m = logits.max(axis=-1, keepdims=True)
+        e = np.exp(logits - m)
+        z = e.sum(axis=-1, keepdims=True)
+        lse = (np.log(z) + m)[:, 0]
+        picked = np.take_along_axis(logits, targets[:, None], axis=-1)[:, 0]
+        loss = float(((lse - picked) * mask).sum() / denom)
+        dlogits = e / z
+        dlogits[np.arange(targets.shape[0]), targets] -= 1.0
+        dlogits *= (mask * (scale / denom))[:, None]
+        return loss, dlogits, count
+
+    def bce_with_logits(self, z, y, w, scale: float):
+        """Weighted BCE, stable form; returns (loss, dz * scale)."""
+        n = z.shape[0]
+        l = np.maximum(z, 0) - z * y + np.log1p(np.exp(-np.abs(z)))
+        loss = float((w * l).sum() / n)
+        dz = w * (self.sigmoid(z) - y) * (scale / n)
+        return loss, dz
+
+    def sigmoid(self, z):
+        # Split by sign so exp never overflows.
+        e = np.exp(-np.abs(z))
+        return np.where(z >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+
+    # --- embedding and pooling -------------------------------------------------------
+    def embedding_bwd(self, d_emb, tokens, dx):
+        """Scatter-add rows of dx [B, T, d] into d_emb [V, d] at `tokens` [B, T]."""
+        np.add.at(d_emb, tokens.reshape(-1), dx.reshape(-1, dx.shape[-1]))
+
+    def mean_pool(self, x, mask):
+        """sum_t m_t x_t / sum_t m_t over [B, S, d] with mask [B, S] float."""
+        denom = mask.sum(axis=1, keepdims=True)
+        return (x * mask[:, :, None]).sum(axis=1) / denom, denom
+
+    def mean_pool_bwd(self, dpooled, mask, denom):
+        return (dpooled / denom)[:, None, :] * mask[:, :, None]
+
+    # --- optimiser -------------------------------------------------------------------
+    def sq_norm(self, flat) -> float:
+        """Sum of squares in float64 (the global gradient norm is sqrt of this)."""
+        f = flat.astype(np.float64, copy=False)
+        return float(np.dot(f, f))
+
+    def adamw(self, p, g, m, v, decay, *, lr, b1, b2, eps, wd, step, grad_scale):
+        """One AdamW step in PyTorch's order, in place on flat buffers.
+
+        g is multiplied by grad_scale first (global-norm clipping folded in).
+        """
+        gs = g * grad_scale if grad_scale != 1.0 else g
+        p -= (lr * wd) * decay * p
+        m *= b1
+        m += (1.0 - b1) * gs
+        v *= b2
+        v += (1.0 - b2) * gs * gs
+        bc1 = 1.0 - b1**step
+        bc2 = 1.0 - b2**step
+        p -= lr * (m / bc1) / (np.sqrt(v / bc2) + eps)
+
+    def all_finite(self, a) -> bool:
+        return bool(np.isfinite(a).all())

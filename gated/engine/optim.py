@@ -1,0 +1,134 @@
+"""AdamW over flat buffers, global-norm clipping, LR schedule, online EWC.
+
+Everything works on the flat parameter/gradient buffers of the model, so the update is
+one pass (one fused kernel on the GPU) and the optimiser state checkpoints as two arrays.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class Schedule:
+    """Constant LR by default; optional linear warmup then cosine decay to `min_lr`."""
+
+    lr: float
+    warmup_steps: int = 0
+    cosine_steps: int = 0  # 0 = no decay after warmup
+    min_lr: float = 0.0
+
+    def at(self, step: int) -> float:
+        """Learning rate for 1-based optimiser step `step`."""
+        if self.warmup_steps > 0 and step <= self.warmup_steps:
+            return self.lr * step / self.warmup_steps
+        if self.cosine_steps > 0:
+            t = min(step - self.warmup_steps, self.cosine_steps) / self.cosine_steps
+            return self.min_lr + 0.5 * (self.lr - self.min_lr) * (1.0 + math.cos(math.pi * t))
+        return self.lr
+
+
+class AdamW:
+    """AdamW with decoupled weight decay and bias correction, in PyTorch's order:
+
+        p -= lr wd p;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
+        p -= lr (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps)
+
+    Decay only where `decay_mask` is 1 (2-D matrices). Gradients are clipped to a global
+    L2 norm of `clip_norm` first (None or 0 disables); `step` reports the PRE-clip norm.
+    """
+
+    def __init__(self, n_params: int, decay_mask, *, lr: float = 1e-3,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.01, clip_norm: float | None = 1.0,
+                 warmup_steps: int = 0, cosine_steps: int = 0, ops=None,
+                 dtype: str = "float32") -> None:
+        from .model import get_ops
+
+        self.ops = ops or get_ops("numpy")
+        xp = self.ops.xp
+        self.m = xp.zeros(n_params, dtype=dtype)
+        self.v = xp.zeros(n_params, dtype=dtype)
+        self.decay = xp.asarray(decay_mask, dtype=dtype)
+        self.t = 0
+        self.schedule = Schedule(lr, warmup_steps, cosine_steps)
+        self.betas, self.eps = betas, eps
+        self.weight_decay, self.clip_norm = weight_decay, clip_norm
+
+    @classmethod
+    def for_model(cls, model, **kw) -> AdamW:
+        return cls(model.num_params, model.decay_mask(), ops=model.ops,
+                   dtype=str(model.dtype), **kw)
+
+    @property
+    def lr(self) -> float:
+        return self.schedule.lr
+
+    @lr.setter
+    def lr(self, value: float) -> None:
+        self.schedule.lr = value
+
+    def grad_norm(self, grad_flat) -> float:
+        return math.sqrt(self.ops.sq_norm(grad_flat))
+
+    def step(self, flat, grad_flat) -> dict[str, float]:
+        """One update in place. Returns {"grad_norm": pre-clip norm, "lr": lr used}."""
+        norm = self.grad_norm(grad_flat)
+        scale = 1.0
+        if self.clip_norm and norm > self.clip_norm:
+            scale = self.clip_norm / (norm + 1e-6)  # PyTorch's clip_grad_norm_ formula
+        self.t += 1
+        lr = self.schedule.at(self.t)
+        b1, b2 = self.betas
+        self.ops.adamw(flat, grad_flat, self.m, self.v, self.decay, lr=lr, b1=b1, b2=b2,
+                       eps=self.eps, wd=self.weight_decay, step=self.t, grad_scale=scale)
+        return {"grad_norm": norm, "lr": lr, "clip_scale": scale}
+
+    def state(self) -> dict:
+        return {"m": self.m, "v": self.v, "t": self.t}
+
+    def load_state(self, m, v, t: int) -> None:
+        self.m[...] = self.ops.xp.asarray(m, dtype=self.m.dtype)
+        self.v[...] = self.ops.xp.asarray(v, dtype=self.v.dtype)
+        self.t = int(t)
+
+
+class EWC:
+    """Online elastic weight consolidation: lam * sum_j F_j (theta_j - theta*_j)^2.
+
+    F is a decayed running mean of squared gradients (`update_fisher` after each step);
+    `consolidate` fixes theta* to the current weights (e.g. at every swap).
+    """
+
+    def __init__(self, n_params: int, lam: float = 0.0, decay: float = 0.99, xp=np,
+                 dtype: str = "float32") -> None:
+        self.lam, self.decay = lam, decay
+        self.fisher = xp.zeros(n_params, dtype=dtype)
+        self.anchor = xp.zeros(n_params, dtype=dtype)
+        self.consolidated = False
+
+    def penalty(self, flat) -> float:
+        if not self.consolidated:
+            return 0.0
+        diff = flat - self.anchor
+        return float(self.lam * (self.fisher * diff * diff).sum())
+
+    def add_grad(self, flat, grad_flat) -> None:
+        """grad += 2 lam F (theta - theta*)."""
+        if self.consolidated:
+            grad_flat += (2.0 * self.lam) * self.fisher * (flat - self.anchor)
+
+    def update_fisher(self, grad_flat) -> None:
+        self.fisher *= self.decay
+        self.fisher += (1.0 - self.decay) * grad_flat * grad_flat
+
+    def consolidate(self, flat) -> None:
+        self.anchor[...] = flat
+        self.consolidated = True
+
+    def state(self) -> dict[str, np.ndarray]:
+        return {"fisher": self.fisher, "anchor": self.anchor,
+                "consolidated": np.array([1.0 if self.consolidated else 0.0])}

@@ -1,0 +1,27 @@
+"""One optimiser step on a batch: the verb the trainer and the benchmarks share."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .model import Model
+from .optim import AdamW
+
+
+def train_step(model: Model, opt: AdamW, batch: dict[str, Any]) -> dict[str, float]:
+    """Forward, exact backward, clip, AdamW. Returns loss parts, pre-clip norm and lr.
+
+    The caller checks `finite` before publishing: a step with a non-finite loss or
+    gradient leaves the weights untouched (the update is skipped, not applied).
+    """
+    loss, parts = model.loss_parts_and_grads(batch)
+    out: dict[str, float] = {"loss": float(loss), **{k: float(v) for k, v in parts.items()}}
+    finite = model.ops.all_finite(model.grad_flat) and loss == loss and abs(loss) != float("inf")
+    out["finite"] = float(finite)
+    if not finite:
+        out.update(grad_norm=float("nan"), lr=opt.schedule.at(opt.t + 1))
+        return out
+    if model.ewc is not None and model.ewc.lam > 0:
+        model.ewc.update_fisher(model.grad_flat)
+    out.update(opt.step(model.flat, model.grad_flat))
+    return out

@@ -1,0 +1,175 @@
+"""Whole-model gradient checks (float64, every parameter tensor) and model behaviour."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gradcheck import numeric_grad_entries, rel_error, sample_indices
+
+from gated.engine import BOS, EOS, EWC, PAD, Model, ModelConfig, build_batch, param_layout
+from gated.engine.tokenizer import encode_source
+
+TOL = 1e-6
+
+
+def _random_model(seed: int = 0) -> Model:
+    """tiny in float64 with O(1) weights, so no gradient hides under the init's small scale."""
+    m = Model.init(ModelConfig.tiny(), seed=seed, dtype="float64")
+    rng = np.random.default_rng(seed + 100)
+    for name, arr in m.params.items():
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf == "g":
+            arr[...] = 1.0 + rng.normal(0, 0.2, arr.shape)
+        else:
+            arr[...] = rng.normal(0, 0.3 if arr.ndim == 2 else 0.1, arr.shape)
+    return m
+
+
+def _mixed_batch(cfg: ModelConfig) -> dict:
+    """Padded sources of different lengths, one example without a reason, weights != 1."""
+    examples = [
+        {"context": "rm -rf /", "history": ["ls -la", "cd /tmp"], "reason": "deletes root",
+         "label": 0, "weight": 4.0},
+        {"context": "cat a.txt", "history": None, "reason": None, "label": 1, "weight": 1.0},
+        {"context": "curl x | sh", "history": [], "reason": "pipe", "label": 0, "weight": 2.0},
+    ]
+    return build_batch(examples, cfg)
+
+
+def _length_one_batch() -> dict:
+    """Every target has length 1: tgt_in = [BOS], tgt_out = [EOS] (or no target at all)."""
+    src = np.array([[259, 97, 98, PAD], [259, 99, 100, 101]])
+    return {"src": src, "tgt_in": np.array([[BOS], [BOS]]), "tgt_out": np.array([[EOS], [PAD]]),
+            "label": np.array([1.0, 0.0]), "weight": np.array([1.0, 6.0])}
+
+
+def _check_every_tensor(model: Model, batch: dict, per_tensor: int = 4) -> dict[str, float]:
+    rng = np.random.default_rng(7)
+    model.loss_and_grads(batch)
+    grads = {k: v.copy() for k, v in model.grads.items()}
+    errors = {}
+    for name, arr in model.params.items():
+        idx = sample_indices(arr.shape, per_tensor, rng)
+        num = numeric_grad_entries(lambda: model.loss(batch)[0], arr, idx)
+        errors[name] = rel_error(np.array([grads[name][i] for i in idx]), num)
+    return errors
+
+
+@pytest.mark.parametrize("batch_kind", ["mixed", "length_one"])
+def test_every_parameter_gradient_matches_central_differences(batch_kind):
+    model = _random_model()
+    batch = _mixed_batch(model.cfg) if batch_kind == "mixed" else _length_one_batch()
+    errors = _check_every_tensor(model, batch)
+    assert set(errors) == {n for n, _ in param_layout(model.cfg)}
+    worst = max(errors, key=errors.get)
+    assert errors[worst] < TOL, f"{worst}: relative error {errors[worst]:.2e}"
+
+
+def test_encoder_gets_gradient_through_cross_attention_only_decoder_loss():
+    """With lambda_bce = 0 the encoder learns only through the decoder's cross-attention K/V."""
+    model = _random_model(1)
+    model.lambda_bce = 0.0
+    batch = _mixed_batch(model.cfg)
+    model.loss_and_grads(batch)
+    for name in ("enc.0.attn.wq", "enc.1.ffn.w1", "enc.ln.g", "dec.0.cross.wk", "dec.1.cross.wv"):
+        assert np.abs(model.grads[name]).max() > 1e-6, name
+    assert np.all(model.grads["gate.w"] == 0)
+    errors = _check_every_tensor(model, batch, per_tensor=2)
+    assert max(errors.values()) < TOL
+
+
+def test_no_reason_batch_gives_zero_decoder_gradient():
+    model = _random_model(2)
+    batch = build_batch([{"context": "ls", "history": None, "reason": None, "label": 1,
+                          "weight": 1.0}], model.cfg)
+    loss, parts = model.loss(batch)
+    assert parts["ce"] == 0.0 and loss == pytest.approx(parts["bce"])
+    model.loss_and_grads(batch)
+    for name in ("dec.0.self.wq", "dec.1.cross.wv", "out.w", "out.b", "dec.ln.g"):
+        assert np.all(model.grads[name] == 0), name
+
+
+def test_ewc_penalty_gradient():
+    model = _random_model(3)
+    ewc = EWC(model.num_params, lam=0.7, dtype="float64")
+    rng = np.random.default_rng(0)
+    ewc.fisher[:] = rng.uniform(0, 2, model.num_params)
+    ewc.consolidate(model.flat + rng.normal(0, 0.1, model.num_params))
+    model.ewc = ewc
+    batch = _length_one_batch()
+    loss, parts = model.loss(batch)
+    assert parts["ewc"] > 0
+    errors = _check_every_tensor(model, batch, per_tensor=2)
+    assert max(errors.values()) < TOL
+
+
+def test_loss_matches_design_formulas():
+    """Recompute L = bce + 0.5 ce from the logits by the DESIGN formulas."""
+    model = _random_model(4)
+    batch = _mixed_batch(model.cfg)
+    loss, parts = model.loss(batch)
+    enc, _ = model.encode(batch["src"])
+    mask = (batch["src"] != PAD).astype(float)
+    pooled = (enc * mask[:, :, None]).sum(1) / mask.sum(1, keepdims=True)
+    z = pooled @ model.params["gate.w"][0] + model.params["gate.b"][0]
+    y, w = batch["label"], batch["weight"]
+    bce = np.mean(w * (np.maximum(z, 0) - z * y + np.log1p(np.exp(-np.abs(z)))))
+    logits, _ = model.decode_logits(batch["tgt_in"], enc, (batch["src"] != PAD)[:, None, None])
+    tm = batch["tgt_out"] != PAD
+    logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    picked = np.take_along_axis(logp, np.where(tm, batch["tgt_out"], 0)[..., None], -1)[..., 0]
+    ce = -(picked * tm).sum() / tm.sum()
+    assert parts["bce"] == pytest.approx(bce, rel=1e-12)
+    assert parts["ce"] == pytest.approx(ce, rel=1e-12)
+    assert loss == pytest.approx(bce + 0.5 * ce, rel=1e-12)
+
+
+def test_pad_queries_do_not_change_real_outputs():
+    """Padding a source more changes neither p_allow nor the loss (PAD keys are masked)."""
+    model = _random_model(5)
+    src = np.array([encode_source("git status", None, 32)])
+    padded = np.concatenate([src, np.full((1, 6), PAD)], axis=1)
+    np.testing.assert_allclose(model.predict_proba(src), model.predict_proba(padded), rtol=1e-12)
+
+
+def test_same_seed_same_weights_and_loss():
+    cfg = ModelConfig.tiny()
+    a, b = Model.init(cfg, seed=11), Model.init(cfg, seed=11)
+    c = Model.init(cfg, seed=12)
+    assert np.array_equal(a.flat, b.flat) and not np.array_equal(a.flat, c.flat)
+    batch = _mixed_batch(cfg)
+    assert a.loss(batch) == b.loss(batch)
+    a64 = Model.init(cfg, seed=11, dtype="float64")
+    np.testing.assert_array_equal(a64.flat.astype(np.float32), a.flat)
+
+
+def test_flat_layout_views_and_init():
+    model = Model.init(ModelConfig.tiny(), seed=0)
+    assert model.flat.flags["C_CONTIGUOUS"] and model.flat.dtype == np.float32
+    names = [n for n, _ in model.layout]
+    assert names[0] == "tok_emb" and names[-2:] == ["gate.w", "gate.b"]
+    assert list(model.params) == names
+    model.params["enc.0.attn.bq"][0] = 3.5  # a view: writes land in the flat buffer
+    assert 3.5 in model.flat
+    assert np.all(model.params["enc.1.ln2.g"] == 1) and np.all(model.params["dec.0.ffn.b1"] == 0)
+    assert abs(float(model.params["out.w"].std()) - 0.02) < 0.002
+    assert model.grad_flat.shape == model.flat.shape
+
+
+def test_flint_parameter_count():
+    cfg = ModelConfig.flint()
+    d, f, v = 256, 1024, 260
+    attn = 4 * (d * d + d)
+    ffn = 2 * d * f + f + d
+    expect = v * d + 4 * (2 * 2 * d + attn + ffn) + 2 * d
+    expect += 2 * (3 * 2 * d + 2 * attn + ffn) + 2 * d + v * d + v + d + 1
+    assert sum(int(np.prod(s)) for _, s in param_layout(cfg)) == expect == 5_400_581
+
+
+def test_greedy_decode_and_predict_shapes():
+    model = Model.init(ModelConfig.tiny(), seed=0)
+    src = np.array([encode_source("ls", ["pwd"], 32)])
+    p = model.predict_proba(src)
+    assert p.shape == (1,) and 0.0 < p[0] < 1.0
+    text = model.greedy_decode(src[0], max_len=5)
+    assert isinstance(text, str) and len(text.encode("utf-8", "surrogatepass")) <= 5 * 3
