@@ -90,9 +90,10 @@ def test_ffn_gelu_backward(rng):
 
 def test_gelu_is_tanh_approximation():
     x = np.linspace(-5, 5, 101)
-    y, _ = OPS.bias_gelu_fwd(x, 0.0)
+    y, _ = OPS.bias_gelu_fwd(x.copy(), 0.0)  # the input buffer is consumed
     expect = 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
-    np.testing.assert_allclose(y, expect, rtol=1e-15, atol=0)
+    # rtol 1e-14: the kernel evaluates a (1 + k a^2), not a + k a^3 (rounding order only).
+    np.testing.assert_allclose(y, expect, rtol=1e-14, atol=0)
 
 
 @pytest.mark.parametrize("kind", ["masked_self", "causal_self", "cross"])

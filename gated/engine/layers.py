@@ -87,15 +87,15 @@ def attn_bwd(ops, P, G, name, dy, cache, n_heads):
 
 
 def ffn_fwd(ops, P, name, x):
-    h, a = ops.bias_gelu_fwd(x @ P[f"{name}.w1"].T, P[f"{name}.b1"])
+    h, act = ops.bias_gelu_fwd(x @ P[f"{name}.w1"].T, P[f"{name}.b1"])
     y = linear_fwd(h, P[f"{name}.w2"], P[f"{name}.b2"])
-    return y, (x, a, h)
+    return y, (x, act, h)
 
 
 def ffn_bwd(ops, P, G, name, dy, cache):
-    x, a, h = cache
+    x, act, h = cache
     dh = linear_bwd(dy, h, P[f"{name}.w2"], G[f"{name}.w2"], G[f"{name}.b2"])
-    da = ops.gelu_bwd(dh, a)
+    da = ops.gelu_bwd(dh, act)
     return linear_bwd(da, x, P[f"{name}.w1"], G[f"{name}.w1"], G[f"{name}.b1"])
 
 

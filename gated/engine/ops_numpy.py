@@ -51,15 +51,40 @@ class NumpyOps:
 
     # --- bias + tanh-GELU ------------------------------------------------------------
     def bias_gelu_fwd(self, h, b):
-        """a = h + b; y = 0.5 a (1 + tanh(c (a + 0.044715 a^3))). Returns (y, a)."""
-        a = h + b
-        t = np.tanh(GELU_C * (a + 0.044715 * a * a * a))
-        return 0.5 * a * (1.0 + t), a
+        """a = h + b; y = 0.5 a (1 + tanh(c (a + 0.044715 a^3))). Returns (y, (a, t)).
 
-    def gelu_bwd(self, dy, a):
-        t = np.tanh(GELU_C * (a + 0.044715 * a * a * a))
-        da = 0.5 * (1.0 + t) + 0.5 * a * (1.0 - t * t) * GELU_C * (1.0 + 3 * 0.044715 * a * a)
-        return dy * da
+        `h` is consumed (a is computed in place); tanh is kept for the backward pass, so
+        the most expensive elementwise function runs once per step, not twice.
+        """
+        a = h
+        a += b
+        t = a * a
+        t *= 0.044715
+        t += 1.0
+        t *= a
+        t *= GELU_C
+        np.tanh(t, out=t)
+        y = t + 1.0
+        y *= a
+        y *= 0.5
+        return y, (a, t)
+
+    def gelu_bwd(self, dy, cache):
+        """dy * d/da [0.5 a (1 + t)] = dy * (0.5 (1 + t) + 0.5 a (1 - t^2) c (1 + 3k a^2))."""
+        a, t = cache
+        inner = a * a
+        inner *= 3 * 0.044715
+        inner += 1.0
+        inner *= GELU_C
+        inner *= a
+        sech2 = t * t
+        np.subtract(1.0, sech2, out=sech2)
+        sech2 *= inner
+        sech2 += t
+        sech2 += 1.0
+        sech2 *= 0.5
+        sech2 *= dy
+        return sech2
 
     # --- attention softmax -----------------------------------------------------------
     def masked_softmax(self, s, keep):
@@ -128,19 +153,40 @@ class NumpyOps:
         return float(np.dot(f, f))
 
     def adamw(self, p, g, m, v, decay, *, lr, b1, b2, eps, wd, step, grad_scale):
-        """One AdamW step in PyTorch's order, in place on flat buffers.
+        """One AdamW step in PyTorch's order, in place on flat buffers:
 
-        g is multiplied by grad_scale first (global-norm clipping folded in).
+            p -= lr wd decay p; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+            p -= lr (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps)
+
+        g is multiplied by grad_scale first (global-norm clipping folded in). One scratch
+        buffer, reused across steps, keeps the update free of per-step allocations.
         """
-        gs = g * grad_scale if grad_scale != 1.0 else g
-        p -= (lr * wd) * decay * p
-        m *= b1
-        m += (1.0 - b1) * gs
-        v *= b2
-        v += (1.0 - b2) * gs * gs
+        tmp = self._scratch(p)
         bc1 = 1.0 - b1**step
         bc2 = 1.0 - b2**step
-        p -= lr * (m / bc1) / (np.sqrt(v / bc2) + eps)
+        if wd:
+            np.multiply(p, decay, out=tmp)
+            tmp *= lr * wd
+            p -= tmp
+        np.multiply(g, (1.0 - b1) * grad_scale, out=tmp)
+        m *= b1
+        m += tmp
+        np.multiply(g, g, out=tmp)
+        tmp *= (1.0 - b2) * grad_scale * grad_scale
+        v *= b2
+        v += tmp
+        np.divide(v, bc2, out=tmp)
+        np.sqrt(tmp, out=tmp)
+        tmp += eps
+        np.divide(m, tmp, out=tmp)
+        tmp *= lr / bc1
+        p -= tmp
+
+    def _scratch(self, like):
+        buf = getattr(self, "_scratch_buf", None)
+        if buf is None or buf.shape != like.shape or buf.dtype != like.dtype:
+            buf = self._scratch_buf = self.xp.empty_like(like)
+        return buf
 
     def all_finite(self, a) -> bool:
         return bool(np.isfinite(a).all())
