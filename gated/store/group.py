@@ -1,0 +1,158 @@
+"""Group commit: many callers, one writer thread, one transaction (one fsync) per round.
+
+A durable commit costs an fsync, so committing each client's signal alone caps ingest at
+the disk's fsync rate. `GroupCommitter.submit` queues the signals and returns a
+`concurrent.futures.Future`; the writer thread takes everything queued (up to
+``max_batch`` signals), appends it in ONE transaction, and only after the commit returned
+resolves each caller's future with its ``(seq, duplicate)`` results. A failed commit
+(disk full, ...) fails every future of that round with the error: nothing of it was
+acknowledged, and a client may re-send (ids make that idempotent).
+
+From asyncio: ``results = await asyncio.wrap_future(committer.submit(signals))``.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
+from typing import Any
+
+from ..signals import SignalError, WeightTable, validate_signal
+
+log = logging.getLogger("gated.store")
+
+Results = list[tuple[int, bool]]
+_STOP = object()
+
+
+class GroupCommitter:
+    """Batches `Store.append_signals` across threads. Start it, submit, `close()` it."""
+
+    def __init__(self, store: Any, *, max_batch: int = 8192,
+                 on_commit: Callable[[int, int], None] | None = None,
+                 allow_extra: Sequence[str] = (), weights: WeightTable | None = None) -> None:
+        """``on_commit(last_seq, n_signals)`` runs on the writer thread after each commit
+        (e.g. to wake the trainer); ``allow_extra`` keys are ignored by validation;
+        ``weights`` replaces the store's label/weight table (see `set_weights`)."""
+        self.store = store
+        if weights is not None:
+            store.set_weights(weights)
+        self.max_batch = max(1, max_batch)
+        self.on_commit = on_commit
+        self.allow_extra = tuple(allow_extra)
+        self._q: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._pending = 0
+        self._lock = threading.Lock()
+        self._closed = False
+        self.commits = 0
+        self.committed_signals = 0
+        self.failed_commits = 0
+        self.last_commit_seconds = 0.0
+        self._thread = threading.Thread(target=self._run, name="gated-group-commit",
+                                        daemon=True)
+        self._thread.start()
+
+    def submit(self, signals: Sequence[Mapping[str, Any]]) -> Future[Results]:
+        """Queue signals; the future resolves with ``[(seq, duplicate), ...]`` in order,
+        after they committed. Invalid signals raise `SignalError` here (with ``index``),
+        before anything is queued."""
+        checked = []
+        for i, s in enumerate(signals):
+            try:
+                checked.append(validate_signal(s, allow_extra=self.allow_extra))
+            except SignalError as e:
+                raise SignalError(e.code, e.message, index=i) from None
+        fut: Future[Results] = Future()
+        if not checked:
+            fut.set_result([])
+            return fut
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the group committer is closed; the daemon is shutting down")
+            self._pending += len(checked)
+            self._q.put((checked, fut))
+        return fut
+
+    def set_weights(self, table: WeightTable) -> None:
+        """Hot reload of the label/weight table: applies from the next commit on (a batch
+        is always labelled with one table); stored signals keep the weight they got."""
+        self.store.set_weights(table)
+
+    def append(self, signals: Sequence[Mapping[str, Any]],
+               timeout: float | None = None) -> Results:
+        """Blocking convenience: submit and wait for the commit."""
+        return self.submit(signals).result(timeout)
+
+    @property
+    def pending(self) -> int:
+        """Signals queued and not yet committed (the ingest queue depth)."""
+        return self._pending
+
+    def close(self, timeout: float | None = None) -> None:
+        """Commit everything already submitted, then stop the writer thread."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._q.put(_STOP)
+        self._thread.join(timeout)
+
+    def __enter__(self) -> GroupCommitter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- the writer thread ----------------------------------------------------------------------
+    def _run(self) -> None:
+        stopping = False
+        while not stopping:
+            item = self._q.get()
+            if item is _STOP:
+                break
+            batch = [item]
+            n = len(item[0])
+            while n < self.max_batch:
+                try:
+                    more = self._q.get_nowait()
+                except queue.Empty:
+                    break
+                if more is _STOP:
+                    stopping = True
+                    break
+                batch.append(more)
+                n += len(more[0])
+            self._commit(batch)
+
+    def _commit(self, batch: list[tuple[list[dict], Future[Results]]]) -> None:
+        live = [(sigs, fut) for sigs, fut in batch if fut.set_running_or_notify_cancel()]
+        signals = [s for sigs, _ in live for s in sigs]
+        t0 = time.perf_counter()
+        try:
+            results = self.store.append_signals(signals, validated=True) if signals else []
+        except BaseException as e:  # every caller of this round learns why
+            self.failed_commits += 1
+            log.error("group commit of %d signal(s) from %d caller(s) failed: %s", len(signals),
+                      len(live), e)
+            for _, fut in live:
+                fut.set_exception(e)
+            return
+        finally:
+            with self._lock:
+                self._pending -= sum(len(sigs) for sigs, _ in batch)
+        self.last_commit_seconds = time.perf_counter() - t0
+        self.commits += 1
+        self.committed_signals += len(signals)
+        if self.on_commit is not None and results:
+            try:
+                self.on_commit(max(seq for seq, _ in results), len(signals))
+            except Exception:
+                log.exception("on_commit callback failed (the signals are committed)")
+        i = 0
+        for sigs, fut in live:
+            fut.set_result(results[i:i + len(sigs)])
+            i += len(sigs)
