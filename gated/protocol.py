@@ -44,6 +44,7 @@ ERROR_CODES = (
     "too_large",      # a size or length limit was exceeded
     "too_deep",       # nesting deeper than Limits.max_depth
     "overloaded",     # the daemon cannot take more work now; retry later
+    "store_full",     # the disk or the LMDB map is full: nothing was stored; retry later
     "shutting_down",  # the daemon is draining for a stop; reconnect after restart
     "internal",       # a bug or an unexpected failure inside the daemon
 )

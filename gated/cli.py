@@ -1,0 +1,179 @@
+"""Command line: `gated run|send|predict|explain|status|report|demo|backup|inspect`.
+
+Flags override the config file, the file overrides the defaults (gated.example.toml).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+DEFAULT_SOCKET = "./var/gated.sock"
+
+
+def _add_socket(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--socket", default=DEFAULT_SOCKET, help="daemon socket path")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="gated", description="online gate-learning daemon")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    run = sub.add_parser("run", help="run the daemon")
+    run.add_argument("--config", help="TOML config file (see gated.example.toml)")
+    run.add_argument("--state-dir", help="LMDB state directory")
+    run.add_argument("--socket", help="Unix socket path (ignored under socket activation)")
+    run.add_argument("--metrics-addr", help="HOST:PORT of the Prometheus endpoint")
+    run.add_argument("--device", choices=["auto", "cpu", "cuda"])
+    run.add_argument("--preset", choices=["tiny", "flint"])
+    run.add_argument("--reinit", action="store_true",
+                     help="start from fresh weights even if a checkpoint exists (signals kept)")
+
+    send = sub.add_parser("send", help="send one signal, or a JSONL file of signals")
+    _add_socket(send)
+    send.add_argument("--file", help="JSONL file, one signal map per line")
+    send.add_argument("--batch", type=int, default=256, help="signals per request with --file")
+    send.add_argument("--context")
+    send.add_argument("--decision", choices=["allow", "block"])
+    send.add_argument("--feedback", choices=["confirm", "override_allow", "override_block",
+                                             "false_positive", "false_negative"])
+    send.add_argument("--reason")
+    send.add_argument("--id")
+    send.add_argument("--history", action="append", help="a previous call (repeatable)")
+
+    for name in ("predict", "explain"):
+        p = sub.add_parser(name, help=f"{name} a tool call")
+        _add_socket(p)
+        p.add_argument("context")
+        p.add_argument("--history", action="append")
+
+    st = sub.add_parser("status", help="the daemon's status")
+    _add_socket(st)
+
+    rep = sub.add_parser("report", help="PNG of loss and alignment over time")
+    rep.add_argument("--state-dir", default="./var/gated")
+    rep.add_argument("--out", default="gated-report.png")
+
+    demo = sub.add_parser("demo", help="run a daemon against a synthetic gateway until it "
+                                       "converges")
+    demo.add_argument("--preset", default="flint", choices=["tiny", "flint"])
+    demo.add_argument("--rate", type=float, default=200.0, help="signals per second")
+    demo.add_argument("--max-signals", type=int, default=20000,
+                      help="fail if not converged after this many signals")
+    demo.add_argument("--max-seconds", type=float, default=900.0)
+    demo.add_argument("--state-dir", help="keep the demo's state here (default: a temp dir)")
+
+    bk = sub.add_parser("backup", help="write a consistent compact copy of the state")
+    bk.add_argument("dest")
+    bk.add_argument("--state-dir", default="./var/gated")
+
+    ins = sub.add_parser("inspect", help="counts, versions, step and sizes of a state dir")
+    ins.add_argument("state_dir", nargs="?", default="./var/gated")
+    ins.add_argument("--json", action="store_true")
+    return ap
+
+
+def _print(obj: dict) -> None:
+    print(json.dumps(obj, indent=2, default=str))
+
+
+def cmd_send(a: argparse.Namespace) -> int:
+    from .client import Client, GatedError
+
+    with Client(a.socket) as c:
+        if a.file:
+            lines = [ln for ln in Path(a.file).read_text().splitlines() if ln.strip()]
+            sent = failed = 0
+            t0 = time.monotonic()
+            for i in range(0, len(lines), a.batch):
+                chunk = [json.loads(ln) for ln in lines[i : i + a.batch]]
+                results = c.signals(chunk)
+                failed += sum(1 for r in results if "error" in r)
+                sent += len(chunk)
+                rate = sent / max(time.monotonic() - t0, 1e-9)
+                bar = "#" * int(30 * sent / len(lines))
+                print(f"\r[{bar:<30}] {sent}/{len(lines)} signals, {failed} rejected, "
+                      f"{rate:,.0f}/s", end="", file=sys.stderr, flush=True)
+            print(file=sys.stderr)
+            return 1 if failed else 0
+        if not a.context or not a.decision:
+            print("gated send: give --context and --decision, or --file", file=sys.stderr)
+            return 2
+        sig = {k: v for k, v in {"context": a.context, "decision": a.decision,
+                                 "feedback": a.feedback, "reason": a.reason, "id": a.id,
+                                 "history": a.history}.items() if v is not None}
+        try:
+            _print(c.signal(sig))
+        except GatedError as e:
+            print(f"rejected: {e}", file=sys.stderr)
+            return 1
+    return 0
+
+
+def cmd_query(a: argparse.Namespace) -> int:
+    from .client import Client
+
+    with Client(a.socket) as c:
+        if a.cmd == "status":
+            _print(c.status())
+        elif a.cmd == "predict":
+            _print(c.predict(a.context, a.history))
+        else:
+            _print(c.explain(a.context, a.history))
+    return 0
+
+
+def cmd_report(a: argparse.Namespace) -> int:
+    from .report import render
+    from .store import Store
+
+    store = Store(a.state_dir)
+    try:
+        history = store.read_metrics(limit=100_000)
+    finally:
+        store.close()
+    n = render(history, a.out)
+    print(f"wrote {a.out} ({n} steps)")
+    return 0
+
+
+def cmd_backup(a: argparse.Namespace) -> int:
+    from .store import backup
+
+    backup(a.state_dir, a.dest)
+    print(f"backup of {a.state_dir} written to {a.dest}")
+    return 0
+
+
+def cmd_inspect(a: argparse.Namespace) -> int:
+    from .store import format_inspect, inspect
+
+    info = inspect(a.state_dir)
+    print(json.dumps(info, indent=2, default=str) if a.json else format_inspect(info))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: "
+                                                   "%(message)s")
+    if a.cmd == "run":
+        from .server import run_from_args
+
+        return run_from_args(a)
+    if a.cmd == "demo":
+        from .demo import run_demo
+
+        return run_demo(a)
+    handlers = {"send": cmd_send, "predict": cmd_query, "explain": cmd_query,
+                "status": cmd_query, "report": cmd_report, "backup": cmd_backup,
+                "inspect": cmd_inspect}
+    return handlers[a.cmd](a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""The serving side: an immutable (version, weights) snapshot swapped by one reference.
+
+Training never writes into a snapshot's weights: a swap builds a NEW snapshot from a copy
+of the trained buffer and rebinds `Serving.current`. A prediction reads `current` once,
+so it sees the old or the new weights, never a mix, and it never takes a lock the
+trainer holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .engine import Model, ModelConfig, source_batch
+
+
+@dataclass(frozen=True)
+class Bands:
+    """Confidence bands: allow (p >= allow), block (p <= block), ask in between."""
+
+    allow: float = 0.9
+    block: float = 0.1
+
+    def of(self, p_allow: float) -> str:
+        if p_allow >= self.allow:
+            return "allow"
+        if p_allow <= self.block:
+            return "block"
+        return "ask"
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    version: int
+    step: int
+    model: Model  # owns a private copy of the weights; never mutated after publication
+
+
+class Serving:
+    """Holds the current snapshot and answers predict / explain from it."""
+
+    def __init__(self, cfg: ModelConfig, flat: np.ndarray, version: int, step: int,
+                 backend: str = "numpy", bands: Bands | None = None) -> None:
+        self.cfg, self.backend = cfg, backend
+        self.bands = bands or Bands()
+        self.current = Snapshot(version, step, Model.from_flat(cfg, flat, backend=backend))
+
+    def swap(self, flat, version: int, step: int) -> Snapshot:
+        """Publish a copy of `flat` as the new snapshot: one reference assignment."""
+        snap = Snapshot(version, step, Model.from_flat(self.cfg, flat, backend=self.backend))
+        self.current = snap
+        return snap
+
+    def predict_many(self, items: Sequence[tuple[str, Sequence[str] | None]],
+                     snapshot: Snapshot | None = None) -> tuple[np.ndarray, Snapshot]:
+        snap = snapshot or self.current
+        return snap.model.predict_proba(source_batch(items, self.cfg)), snap
+
+    def predict(self, context: str, history: Sequence[str] | None = None) -> dict:
+        p, snap = self.predict_many([(context, history)])
+        return {"p_allow": float(p[0]), "band": self.bands.of(float(p[0])),
+                "version": snap.version}
+
+    def explain(self, context: str, history: Sequence[str] | None = None,
+                max_len: int = 64) -> dict:
+        snap = self.current
+        src = source_batch([(context, history)], self.cfg)[0]
+        p, reason = snap.model.predict_and_decode(src, max_len=max_len)
+        return {"p_allow": p, "band": self.bands.of(p), "reason": reason,
+                "version": snap.version}

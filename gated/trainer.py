@@ -1,0 +1,338 @@
+"""The online trainer: a thread that learns from the signal log and publishes snapshots.
+
+Who writes what: the group-commit thread appends signals; THIS thread is the only writer
+of checkpoints, published snapshots, the replay reservoir and the metrics history. The
+signal log is the trainer's queue: it reads signals after its last trained sequence
+number, so a restart re-trains exactly what came after the last checkpoint.
+
+Per step: take fresh signals, score each with the SERVING snapshot before training on it
+(progressive validation), mix in replayed examples, forward/backward/clip/AdamW on the
+trainer's own copy, roll back on NaN/Inf, swap every N steps or T seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .config import TrainConfig
+from .engine import EWC, AdamW, Model, ModelConfig, build_batch
+from .serving import Serving
+from .signals import training_example
+
+log = logging.getLogger("gated.trainer")
+
+
+class AlignmentWindow:
+    """Progressive validation over the last `size` scored signals (positive = block)."""
+
+    def __init__(self, size: int = 1000) -> None:
+        self.size = size
+        self.items: deque[tuple[bool, bool]] = deque(maxlen=size)  # (pred_block, true_block)
+        self.total_scored = 0
+
+    def add(self, p_allow: float, label: float) -> bool:
+        pred_block, true_block = p_allow < 0.5, label < 0.5
+        self.items.append((pred_block, true_block))
+        self.total_scored += 1
+        return pred_block == true_block
+
+    @property
+    def alignment(self) -> float:
+        if not self.items:
+            return 0.0
+        return sum(p == t for p, t in self.items) / len(self.items)
+
+    @property
+    def full(self) -> bool:
+        return len(self.items) == self.size
+
+    def converged(self, threshold: float) -> bool:
+        return self.full and self.alignment >= threshold
+
+    def confusion(self) -> dict[str, int]:
+        c = {"tp": 0, "fp": 0, "tn": 0, "fn": 0}
+        for pred, true in self.items:
+            c[("t" if pred == true else "f") + ("p" if pred else "n")] += 1
+        return c
+
+
+class TrainerEvents:
+    """Hooks the daemon uses to export metrics; the defaults do nothing."""
+
+    def on_step(self, info: dict, seconds: float) -> None: ...
+    def on_scored(self, window: AlignmentWindow) -> None: ...
+    def on_swap(self, version: int) -> None: ...
+    def on_rollback(self, reason: str) -> None: ...
+    def on_checkpoint(self, ts: float) -> None: ...
+
+
+@dataclass
+class _GoodState:
+    flat: np.ndarray
+    m: np.ndarray
+    v: np.ndarray
+    t: int
+
+
+@dataclass
+class TrainerStatus:
+    step: int = 0
+    version: int = 0
+    last_trained_seq: int = 0
+    last_loss: dict = field(default_factory=dict)
+    rollbacks: int = 0
+    swaps: int = 0
+    last_checkpoint: float = 0.0
+
+
+class Trainer(threading.Thread):
+    """Owns the training model and optimiser; nothing else touches them."""
+
+    def __init__(self, store, serving: Serving, model: Model, settings: TrainConfig, *,
+                 step: int = 0, version: int = 0, last_trained_seq: int = 0,
+                 opt_state: dict | None = None, ewc_state: dict | None = None,
+                 events: TrainerEvents | None = None, seed: int = 0) -> None:
+        super().__init__(name="gated-trainer", daemon=True)
+        self.store, self.serving, self.model = store, serving, model
+        self.settings = settings
+        self.events = events or TrainerEvents()
+        self.rng = random.Random(seed ^ step)
+        self.opt = AdamW.for_model(model, lr=settings.lr, weight_decay=settings.weight_decay,
+                                   clip_norm=settings.clip_norm,
+                                   warmup_steps=settings.warmup_steps,
+                                   cosine_steps=settings.cosine_steps)
+        if opt_state is not None:
+            self.opt.load_state(opt_state["m"], opt_state["v"], opt_state["t"])
+        self.model.ewc = EWC(model.num_params, lam=settings.lambda_ewc,
+                             decay=settings.ewc_decay, xp=model.ops.xp, dtype=str(model.dtype))
+        if ewc_state:
+            self.model.ewc.fisher[...] = ewc_state["fisher"]
+            self.model.ewc.anchor[...] = ewc_state["anchor"]
+            self.model.ewc.consolidated = bool(np.asarray(ewc_state["consolidated"])[0])
+        self.window = AlignmentWindow(settings.alignment_window)
+        self.status = TrainerStatus(step=step, version=version, last_trained_seq=last_trained_seq)
+        self._wake = threading.Event()
+        self._stop_event = threading.Event()
+        self._drain_deadline = float("inf")
+        self._settings_lock = threading.Lock()
+        self._pending_settings: TrainConfig | None = None
+        self._good = self._capture()
+        self._last_swap_time = time.monotonic()
+        self._steps_since_swap = 0
+        self._last_ckpt_step = step
+        self.apply_settings(settings)
+
+    # --- control from other threads --------------------------------------------------------
+    def wake(self) -> None:
+        """Called after a commit: new signals are in the log."""
+        self._wake.set()
+
+    def stop(self, drain: bool = True, timeout: float = 30.0) -> None:
+        """Ask the thread to finish: train what is queued (for at most `timeout` seconds
+        when draining) and checkpoint. Signals left untrained stay in the log and are
+        trained after the restart."""
+        self._drain_deadline = time.monotonic() + (timeout if drain else 0.0)
+        self._stop_event.set()
+        self._wake.set()
+
+    def update_settings(self, settings: TrainConfig) -> None:
+        """Hot reload: applied by the trainer thread at its next step boundary."""
+        with self._settings_lock:
+            self._pending_settings = settings
+        self._wake.set()
+
+    def apply_settings(self, s: TrainConfig) -> None:
+        self.settings = s
+        self.model.lambda_bce, self.model.lambda_ce = s.lambda_bce, s.lambda_ce
+        self.model.ewc.lam = s.lambda_ewc
+        self.opt.lr = s.lr
+        self.opt.weight_decay, self.opt.clip_norm = s.weight_decay, s.clip_norm
+        self.opt.schedule.warmup_steps, self.opt.schedule.cosine_steps = (s.warmup_steps,
+                                                                          s.cosine_steps)
+
+    # --- the loop ------------------------------------------------------------------------------
+    def run(self) -> None:
+        try:
+            self._loop()
+        except Exception:
+            log.exception("trainer thread crashed; the last checkpoint and every acknowledged "
+                          "signal are kept, restart the daemon to resume")
+            raise
+        finally:
+            self._final_checkpoint()
+
+    def _loop(self) -> None:
+        last_idle_step = 0.0
+        while True:
+            with self._settings_lock:
+                pending, self._pending_settings = self._pending_settings, None
+            if pending is not None:
+                self.apply_settings(pending)
+            s = self.settings
+            if self._stop_event.is_set() and time.monotonic() >= self._drain_deadline:
+                return
+            fresh = self.store.read_signals(self.status.last_trained_seq, s.batch_size)
+            if fresh:
+                self.train_on(fresh)
+                continue
+            if self._stop_event.is_set():
+                return
+            self._maybe_swap(force=False)
+            now = time.monotonic()
+            budget = s.idle_steps_per_second
+            if budget > 0 and self.store.reservoir_size() > 0 and \
+                    now - last_idle_step >= 1.0 / budget:
+                last_idle_step = now
+                self.train_on([])
+                continue
+            wait = 1.0 / budget - (now - last_idle_step) if budget > 0 else 1.0
+            self._wake.wait(timeout=max(0.01, min(wait, s.swap_every_seconds, 1.0)))
+            self._wake.clear()
+
+    def train_on(self, fresh: list[tuple[int, dict]]) -> dict | None:
+        """One step: score fresh signals, mix replay, train, maybe swap and checkpoint."""
+        s = self.settings
+        # `seq` lets the reservoir skip a signal it was already offered (a restart re-trains
+        # what came after the last checkpoint).
+        fresh_examples = [{**training_example(sig), "seq": seq} for seq, sig in fresh]
+        if fresh_examples:
+            p, _ = self.serving.predict_many([(e["context"], e["history"])
+                                              for e in fresh_examples])
+            for pa, ex in zip(p, fresh_examples, strict=True):
+                self.window.add(float(pa), ex["label"])
+            self.events.on_scored(self.window)
+        # Caught up, a batch is replay_fraction replayed examples; behind, fresh signals
+        # take the replay slots first, so the trainer catches up instead of lagging more.
+        n_replay = min(round(s.batch_size * s.replay_fraction),
+                       s.batch_size - len(fresh_examples)) if fresh_examples else s.batch_size
+        replay = self.store.reservoir_sample(n_replay, self.rng) if n_replay > 0 else []
+        examples = fresh_examples + replay
+        info = None
+        if examples:
+            info = self._step(examples)
+        if fresh:
+            self.status.last_trained_seq = fresh[-1][0]
+            self.store.reservoir_add(fresh_examples, self.rng)
+        if info is not None:
+            self._maybe_swap(force=False)
+            if self.status.step - self._last_ckpt_step >= s.checkpoint_every_steps:
+                self.checkpoint()
+        return info
+
+    def _step(self, examples: list[dict]) -> dict:
+        from .engine import train_step
+
+        t0 = time.perf_counter()
+        info = train_step(self.model, self.opt, build_batch(examples, self.model.cfg))
+        finite = bool(info["finite"]) and self.model.ops.all_finite(self.model.flat)
+        if not finite:
+            self._rollback("non-finite loss, gradient or weights")
+            return info
+        self.status.step += 1
+        self._steps_since_swap += 1
+        self.status.last_loss = {k: info[k] for k in ("loss", "bce", "ce", "grad_norm", "lr")}
+        self.events.on_step(info, time.perf_counter() - t0)
+        self.store.append_metrics(self.status.step, {
+            **self.status.last_loss, "alignment": self.window.alignment, "t": time.time()})
+        return info
+
+    # --- swap, rollback, checkpoint ------------------------------------------------------------
+    def _capture(self) -> _GoodState:
+        xp = self.model.ops.xp
+        return _GoodState(xp.array(self.model.flat, copy=True), xp.array(self.opt.m, copy=True),
+                          xp.array(self.opt.v, copy=True), self.opt.t)
+
+    def _rollback(self, why: str) -> None:
+        g = self._good
+        self.model.flat[...] = g.flat
+        self.opt.m[...] = g.m
+        self.opt.v[...] = g.v
+        self.opt.t = g.t
+        self.status.rollbacks += 1
+        log.warning("training step rolled back (%s): weights and optimiser state restored to "
+                    "published version %d; nothing non-finite was published", why,
+                    self.status.version)
+        self.events.on_rollback(why)
+
+    def _maybe_swap(self, force: bool) -> bool:
+        if self._steps_since_swap == 0:
+            return False
+        s = self.settings
+        due = (self._steps_since_swap >= s.swap_every_steps
+               or time.monotonic() - self._last_swap_time >= s.swap_every_seconds)
+        if not (due or force):
+            return False
+        if not self.model.ops.all_finite(self.model.flat):
+            self._rollback("non-finite weights at swap")
+            return False
+        version = self.status.version + 1
+        self.serving.swap(self.model.flat, version, self.status.step)
+        self.store.publish(version, self.model.ops.to_numpy(self.model.flat),
+                           step=self.status.step)
+        self.status.version = version
+        self.status.swaps += 1
+        self._good = self._capture()
+        if self.model.ewc.lam > 0:
+            self.model.ewc.consolidate(self.model.flat)
+        self._steps_since_swap = 0
+        self._last_swap_time = time.monotonic()
+        self.events.on_swap(version)
+        return True
+
+    def checkpoint(self) -> None:
+        to_np = self.model.ops.to_numpy
+        ewc = self.model.ewc.state()
+        self.store.save_checkpoint(
+            flat=to_np(self.model.flat), m=to_np(self.opt.m), v=to_np(self.opt.v),
+            step=self.status.step, last_trained_seq=self.status.last_trained_seq,
+            layout=self.model.layout, config_fingerprint=self.model.cfg.fingerprint(),
+            ewc={k: to_np(a) for k, a in ewc.items()},
+            extra={"opt_t": self.opt.t, "version": self.status.version})
+        self._last_ckpt_step = self.status.step
+        self.status.last_checkpoint = time.time()
+        self.events.on_checkpoint(self.status.last_checkpoint)
+
+    def _final_checkpoint(self) -> None:
+        try:
+            self._maybe_swap(force=True)
+            self.checkpoint()
+            log.info("trainer stopped at step %d, version %d, last trained seq %d (checkpointed)",
+                     self.status.step, self.status.version, self.status.last_trained_seq)
+        except Exception:
+            log.exception("final checkpoint failed; the previous checkpoint is kept and the "
+                          "signals after it will be re-trained on restart")
+
+
+def build_trainer(store, model_cfg: ModelConfig, settings: TrainConfig, *, seed: int = 0,
+                  backend: str = "numpy", serving_bands=None, events=None,
+                  reinit: bool = False) -> tuple[Trainer, Serving]:
+    """Resume from the last checkpoint (or start fresh) and build the serving snapshot."""
+    ckpt = None if reinit else store.load_checkpoint(layout=Model.init(
+        model_cfg, seed=seed).layout, config_fingerprint=model_cfg.fingerprint())
+    if ckpt is None:
+        model = Model.init(model_cfg, seed=seed, backend=backend)
+        step, version, last_seq, opt_state, ewc_state = 0, 0, 0, None, None
+    else:
+        model = Model.from_flat(model_cfg, ckpt.flat, backend=backend)
+        extra = ckpt.extra or {}
+        step, last_seq = ckpt.step, ckpt.last_trained_seq
+        version = int(extra.get("version", 0))
+        opt_state = {"m": ckpt.m, "v": ckpt.v, "t": int(extra.get("opt_t", ckpt.step))}
+        ewc_state = ckpt.ewc
+    published = store.load_published() if not reinit else None
+    if published is not None and published[0] >= version:
+        version, serve_flat = published[0], published[1]
+    else:
+        serve_flat = model.ops.to_numpy(model.flat)
+    serving = Serving(model_cfg, serve_flat, version, step, backend=backend, bands=serving_bands)
+    trainer = Trainer(store, serving, model, settings, step=step, version=version,
+                      last_trained_seq=last_seq, opt_state=opt_state, ewc_state=ewc_state,
+                      events=events, seed=seed)
+    return trainer, serving

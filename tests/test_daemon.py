@@ -1,0 +1,209 @@
+"""End to end against a real `gated run` process, a real socket and a real HTTP scrape."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import time
+
+import msgpack
+import pytest
+from daemon_proc import start, wait_until
+from prometheus_client.parser import text_string_to_metric_families
+
+from gated.metrics import SERIES
+from gated.synthetic import SyntheticGateway
+
+FAST = """
+[train]
+lr = 0.003
+batch_size = 16
+swap_every_steps = 2
+swap_every_seconds = 0.5
+checkpoint_every_steps = 5
+idle_steps_per_second = 5.0
+"""
+
+# Every series docs/operations.md documents (gated.metrics.SERIES is checked against it).
+DOCUMENTED_SERIES = sorted(SERIES)
+
+
+@pytest.fixture
+def config(tmp_path):
+    path = tmp_path / "gated.toml"
+    path.write_text(FAST)
+    return path
+
+
+def _signals(n: int, seed: int = 0) -> list[dict]:
+    gen = SyntheticGateway(seed=seed)
+    return [gen.signal() for _ in range(n)]
+
+
+def test_end_to_end_signals_train_swap_predict_metrics(tmp_path, config):
+    d = start(tmp_path, config=config)
+    try:
+        with d.client() as c:
+            before = c.predict("bash rm -rf /", ["ls"])
+            assert before["version"] == 0 and before["band"] in ("allow", "ask", "block")
+            results = c.signals(_signals(300))
+            assert [r["seq"] for r in results] == list(range(1, 301))
+            assert not any(r["duplicate"] for r in results)
+            one = c.signal({"context": "read_file README.md", "decision": "allow",
+                            "id": "abc"})
+            assert one["seq"] == 301 and one["duplicate"] is False
+            again = c.signal({"context": "read_file README.md", "decision": "allow",
+                              "id": "abc"})
+            assert again == {**again, "seq": 301, "duplicate": True}
+            st = wait_until(lambda: (s := c.status())["queue_depth"] == 0 and s["version"] >= 2
+                            and s, what="training to catch up")
+            assert st["step"] > 0 and st["scored"] == 301 and st["last_trained_seq"] == 301
+            after = c.predict("bash rm -rf /", ["ls"])
+            assert after["version"] >= 2 and after["p_allow"] != before["p_allow"]
+            ex = c.explain("bash rm -rf /")
+            assert isinstance(ex["reason"], str) and 0.0 <= ex["p_allow"] <= 1.0
+        text = d.scrape()
+        families = {f.name: f for f in text_string_to_metric_families(text)}
+        # The parser names counters without _total and info metrics without _info.
+        names = set(families) | {f"{n}_total" for n in families} | {f"{n}_info" for n in families}
+        missing = [s for s in DOCUMENTED_SERIES if s not in names]
+        assert not missing, f"series missing from the scrape: {missing}"
+        samples = {s.name: s.value for f in families.values() for s in f.samples}
+        assert samples["gated_signals_received_total"] == 302
+        assert samples["gated_train_steps_total"] >= st["step"]
+        assert samples["gated_weights_version"] >= 2
+    finally:
+        assert d.stop() == 0
+
+
+def test_restart_resumes_step_version_weights_and_trains_nothing_twice(tmp_path, config):
+    d = start(tmp_path, config=config)
+    with d.client() as c:
+        c.signals(_signals(120, seed=3))
+        wait_until(lambda: c.status()["queue_depth"] == 0, what="queue drained")
+    assert d.stop() == 0
+    assert "stopped cleanly" in d.log()
+    d2 = start(tmp_path, config=config, state_dir=d.state_dir)
+    try:
+        with d2.client() as c:
+            st = c.status()
+            assert st["last_trained_seq"] == 120
+            assert st["scored"] == 0  # nothing re-scored, nothing re-trained as fresh
+            first = c.predict("write_file /etc/passwd")
+            assert st["version"] >= 1 and first["version"] == st["version"]
+    finally:
+        assert d2.stop() == 0
+    # And a third start sees exactly what the second one checkpointed.
+    d3 = start(tmp_path, config=config, state_dir=d.state_dir)
+    try:
+        with d3.client() as c:
+            st3 = c.status()
+            assert st3["step"] >= st["step"] and st3["version"] >= st["version"]
+            assert st3["last_trained_seq"] == 120
+    finally:
+        assert d3.stop() == 0
+
+
+def test_signal_errors_are_clear_and_stored_nothing(tmp_path, config):
+    d = start(tmp_path, config=config)
+    try:
+        with d.client() as c:
+            reply = c.request("signals", signals=[
+                {"context": "ls", "decision": "allow"},
+                {"context": "ls", "decision": "maybe"},
+                {"decision": "block"},
+                "not a map",
+                {"context": "x" * (64 * 1024 + 1), "decision": "allow"},
+            ])["results"]
+            assert reply[0] == {"seq": 1, "duplicate": False}
+            codes = [r["error"]["code"] for r in reply[1:]]
+            assert codes == ["invalid_value", "missing_field", "not_a_map", "too_large"]
+            assert all(r["error"]["message"] for r in reply[1:])
+            assert c.status()["last_seq"] == 1
+    finally:
+        d.stop()
+
+
+def _raw(sock_path, payload: bytes, read_timeout: float = 5.0) -> tuple[list, bool]:
+    """Send bytes, return (replies, closed_by_daemon)."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(read_timeout)
+    s.connect(str(sock_path))
+    try:
+        s.sendall(payload)
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    unpacker = msgpack.Unpacker(raw=False)
+    replies, closed = [], False
+    deadline = time.monotonic() + read_timeout
+    while time.monotonic() < deadline:
+        try:
+            chunk = s.recv(65536)
+        except TimeoutError:
+            break
+        except ConnectionResetError:
+            closed = True
+            break
+        if not chunk:
+            closed = True
+            break
+        unpacker.feed(chunk)
+        replies.extend(unpacker)
+        if replies and not closed:
+            s.settimeout(0.5)
+    s.close()
+    return replies, closed
+
+
+BAD_INPUTS = {
+    "random_bytes": bytes([0xC1]) + b"\x8f\x00garbage",
+    "not_a_map": msgpack.packb([1, 2, 3]),
+    "unknown_op": msgpack.packb({"op": "drop_tables", "rid": 7}),
+    "wrong_type_op": msgpack.packb({"op": 5, "rid": 8}),
+    "wrong_type_context": msgpack.packb({"op": "predict", "rid": 9, "context": 12}),
+    "huge_array_header": b"\x81\xa2op\xdd\x7f\xff\xff\xff",
+    "huge_map_header": b"\xdf\x7f\xff\xff\xff",
+    "deep_nesting": b"\x91" * 5000 + b"\xc0",
+    # A well-formed message larger than the 8 MiB limit: a 9 MiB context.
+    "oversize_frame": msgpack.packb({"op": "predict", "rid": 1, "context": "x" * (9 << 20)}),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_INPUTS))
+def test_bad_input_gets_error_or_clean_close_and_others_unaffected(tmp_path, config, kind):
+    d = start(tmp_path, config=config)
+    try:
+        with d.client() as bystander:
+            bystander.ping()
+            replies, closed = _raw(d.sock, BAD_INPUTS[kind])
+            assert replies or closed, "neither an error reply nor a close"
+            for r in replies:
+                assert r["ok"] is False and r["error"]["code"] and r["error"]["message"]
+            assert bystander.ping()["pong"] is True  # the other client is unaffected
+            res = bystander.signal({"context": "ls", "decision": "allow"})
+            assert res["seq"] >= 1
+        assert d.proc.poll() is None
+    finally:
+        d.stop()
+
+
+def test_truncated_frame_then_close(tmp_path, config):
+    d = start(tmp_path, config=config)
+    try:
+        frame = msgpack.packb({"op": "signal", "rid": 1, "context": "ls", "decision": "allow"})
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(str(d.sock))
+        s.sendall(frame[: len(frame) // 2])
+        s.close()  # the daemon must drop the half message and store nothing
+        with d.client() as c:
+            assert c.ping()["pong"] and c.status()["last_seq"] == 0
+    finally:
+        d.stop()
+
+
+def test_sigterm_exits_zero_and_stops_cleanly(tmp_path, config):
+    d = start(tmp_path, config=config)
+    with d.client() as c:
+        c.signals(_signals(50))
+    assert d.stop(signal.SIGTERM) == 0
+    assert "stopped cleanly" in d.log()
