@@ -60,7 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="run a daemon against a synthetic gateway until it "
                                        "converges")
-    demo.add_argument("--preset", default="flint", choices=["tiny", "flint"])
+    # tiny by default: it converges in well under a minute on a laptop CPU; flint, the
+    # daemon default, takes much longer there (see docs/benchmarks.md, learning).
+    demo.add_argument("--preset", default="tiny", choices=["tiny", "flint"])
     demo.add_argument("--rate", type=float, default=200.0, help="signals per second")
     demo.add_argument("--max-signals", type=int, default=20000,
                       help="fail if not converged after this many signals")

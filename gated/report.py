@@ -86,12 +86,15 @@ def _panel(img: np.ndarray, top: int, xs: np.ndarray, ys: np.ndarray, color,
     _text(img, right - 60, bottom + 6, f"{int(xs.max())}")
 
 
-def render(history: Sequence[tuple[int, dict]], path: str | Path) -> int:
-    """Draw loss (top, blue) and alignment (bottom, green, 0..1) against step."""
+def render(history: Sequence[dict], path: str | Path) -> int:
+    """Draw loss (top, blue) and alignment (bottom, green, 0..1) against step.
+
+    `history` is the store's metrics history: dicts with "step", "loss", "alignment".
+    """
     img = np.full((2 * PANEL_H, WIDTH, 3), 255, dtype=np.uint8)
-    steps = np.array([s for s, _ in history], dtype=float)
-    loss = np.array([r.get("loss", np.nan) for _, r in history], dtype=float)
-    align = np.array([r.get("alignment", np.nan) for _, r in history], dtype=float)
+    steps = np.array([r["step"] for r in history], dtype=float)
+    loss = np.array([r.get("loss", np.nan) for r in history], dtype=float)
+    align = np.array([r.get("alignment", np.nan) for r in history], dtype=float)
     if len(steps):
         _panel(img, 0, steps, loss, BLUE)
         _panel(img, PANEL_H, steps, align, GREEN, 0.0, 1.0)

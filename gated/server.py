@@ -201,6 +201,7 @@ class Daemon:
         self.cfg = new
         logging.getLogger().setLevel(new.daemon.log_level)
         self.trainer.update_settings(new.train)
+        self.trainer.retention = new.retention
         self.serving.bands = Bands(new.bands.allow, new.bands.block)
         self.committer.set_weights(weight_table(new))
         self.events.threshold = new.train.converged_threshold
@@ -252,6 +253,7 @@ class Daemon:
             self.store, model_cfg, cfg.train, seed=cfg.daemon.seed, backend=self.backend,
             serving_bands=Bands(cfg.bands.allow, cfg.bands.block), events=self.events,
             reinit=self.reinit)
+        self.trainer.retention = cfg.retention
         self.metrics.weights_version.set(self.serving.current.version)
         self.committer = GroupCommitter(self.store, weights=weight_table(cfg))
         metrics_server = self.metrics.serve(cfg.daemon.metrics_addr) \

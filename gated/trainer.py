@@ -123,6 +123,7 @@ class Trainer(threading.Thread):
         self._drain_deadline = float("inf")
         self._settings_lock = threading.Lock()
         self._pending_settings: TrainConfig | None = None
+        self.retention = None  # a config.RetentionConfig; the daemon sets and reloads it
         self._good = self._capture()
         self._last_swap_time = time.monotonic()
         self._steps_since_swap = 0
@@ -298,6 +299,17 @@ class Trainer(threading.Thread):
         self._last_ckpt_step = self.status.step
         self.status.last_checkpoint = time.time()
         self.events.on_checkpoint(self.status.last_checkpoint)
+        self._prune()
+
+    def _prune(self) -> None:
+        """Retention: drop trained signals past the age/count limits (never untrained)."""
+        r = self.retention
+        if r is None or not (r.max_age_s or r.max_count):
+            return
+        pruned = self.store.prune(max_age_s=r.max_age_s or None, max_count=r.max_count or None,
+                                  upto_seq=self.status.last_trained_seq)
+        if pruned:
+            log.info("retention pruned %d trained signals", pruned)
 
     def _final_checkpoint(self) -> None:
         try:
