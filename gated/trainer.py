@@ -25,6 +25,7 @@ from .config import TrainConfig
 from .engine import EWC, AdamW, Model, ModelConfig, build_batch
 from .serving import Serving
 from .signals import training_example
+from .store import StoreError
 
 log = logging.getLogger("gated.trainer")
 
@@ -170,6 +171,22 @@ class Trainer(threading.Thread):
             self._final_checkpoint()
 
     def _loop(self) -> None:
+        backoff = 0.0
+        while True:
+            try:
+                self._loop_once_until_error()
+                return
+            except StoreError as e:
+                # A full disk or map must not kill training for good: the signals are safe
+                # in the log, so wait and retry from the last trained sequence number.
+                backoff = min(30.0, max(1.0, backoff * 2))
+                log.error("trainer: writing its state failed (%s); every acknowledged signal "
+                          "is kept, retrying in %.0fs. Free disk space or raise the map "
+                          "limit.", e, backoff)
+                if self._stop_event.wait(backoff):
+                    return
+
+    def _loop_once_until_error(self) -> None:
         last_idle_step = 0.0
         while True:
             with self._settings_lock:

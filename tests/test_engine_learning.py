@@ -25,18 +25,24 @@ def test_tiny_model_learns_gate_and_reasons():
         return float(np.mean((p >= 0.5) == (held_batch["label"] >= 0.5))), model.loss(
             held_batch)[1]["ce"]
 
+    def reasons_exact() -> float:
+        """Share of held-out calls whose greedy-decoded reason is exactly the policy's."""
+        hits = sum(model.greedy_decode(held_batch["src"][i], max_len=24) == held[i]["reason"]
+                   for i in range(50))
+        return hits / 50
+
     _, ce_start = held_out()
-    alignment, steps = 0.0, 0
+    alignment, ce, exact, steps = 0.0, ce_start, 0.0, 0
     while steps < MAX_STEPS:
         for _ in range(25):
             train_step(model, opt, build_batch([train_gen.example() for _ in range(32)], cfg))
         steps += 25
         alignment, ce = held_out()
         if alignment >= 0.98 and ce <= 0.5 * ce_start:
-            break
+            exact = reasons_exact()
+            if exact >= 0.9:
+                break
     assert alignment >= 0.98, f"held-out alignment {alignment:.3f} after {steps} steps"
     assert ce <= 0.5 * ce_start, f"reason CE {ce:.3f} vs start {ce_start:.3f}"
-    # The decoder produces the policy's reasons for clear cases.
-    src = build_batch([{"context": "bash rm -rf /", "history": None, "reason": None,
-                        "label": 0, "weight": 1}], cfg)["src"][0]
-    assert model.greedy_decode(src, max_len=20) == "recursive delete"
+    # The decoder produces the policy's reasons, not just a lower loss.
+    assert exact >= 0.9, f"only {exact:.0%} of held-out reasons decoded exactly"

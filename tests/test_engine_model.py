@@ -153,6 +153,7 @@ def test_flat_layout_views_and_init():
     assert 3.5 in model.flat
     assert np.all(model.params["enc.1.ln2.g"] == 1) and np.all(model.params["dec.0.ffn.b1"] == 0)
     assert abs(float(model.params["out.w"].std()) - 0.02) < 0.002
+    assert abs(float(model.params["tok_emb"].std()) - 1.0) < 0.05
     assert model.grad_flat.shape == model.flat.shape
 
 

@@ -85,19 +85,30 @@ def decay_mask(layout: list[tuple[str, Shape]]) -> np.ndarray:
     return mask
 
 
-def init_flat(layout: list[tuple[str, Shape]], seed: int) -> np.ndarray:
-    """Deterministic float64 initial weights: N(0, 0.02) matrices, zero biases, unit gains.
+EMBEDDING_STD = 1.0
+MATRIX_STD = 0.02
 
-    Generated in float64 so float32 and float64 models from one seed hold the same values
-    up to rounding (the gradient checks rely on it).
+
+def init_flat(layout: list[tuple[str, Shape]], seed: int) -> np.ndarray:
+    """Deterministic float64 initial weights: N(0, 1) token embedding, N(0, 0.02) other
+    matrices, zero biases, unit LayerNorm gains.
+
+    The embedding is N(0, 1) (PyTorch's nn.Embedding default) because x = E[tok] + PE[pos]
+    adds it to a sinusoidal encoding of unit scale: at 0.02 the token identity is a 2%
+    ripple on the position signal and the model sits on a majority-class plateau for
+    hundreds of steps before attention learns to find the current call (measured in
+    docs/benchmarks.md, learning). Generated in float64 so float32 and float64 models from
+    one seed hold the same values up to rounding (the gradient checks rely on it).
     """
     rng = np.random.default_rng(seed)
     flat = np.zeros(num_params(layout), dtype=np.float64)
     for s in slots(layout):
         leaf = s.name.rsplit(".", 1)[-1]
         chunk = flat[s.offset : s.offset + s.size]
-        if len(s.shape) == 2:
-            chunk[:] = rng.normal(0.0, 0.02, size=s.size)
+        if s.name == "tok_emb":
+            chunk[:] = rng.normal(0.0, EMBEDDING_STD, size=s.size)
+        elif len(s.shape) == 2:
+            chunk[:] = rng.normal(0.0, MATRIX_STD, size=s.size)
         elif leaf == "g":
             chunk[:] = 1.0
     return flat
