@@ -16,7 +16,7 @@ import logging
 import random
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -24,7 +24,7 @@ import numpy as np
 from .config import TrainConfig
 from .engine import EWC, AdamW, Model, ModelConfig, build_batch
 from .serving import Serving
-from .signals import training_example
+from .signals import context_fingerprint, training_example
 from .store import StoreError
 
 log = logging.getLogger("gated.trainer")
@@ -125,6 +125,8 @@ class Trainer(threading.Thread):
         self._settings_lock = threading.Lock()
         self._pending_settings: TrainConfig | None = None
         self.retention = None  # a config.RetentionConfig; the daemon sets and reloads it
+        # Newest label per context fingerprint, from fresh signals (bounded, in memory).
+        self._latest: OrderedDict[bytes, float] = OrderedDict()
         self._good = self._capture()
         self._last_swap_time = time.monotonic()
         self._steps_since_swap = 0
@@ -230,8 +232,9 @@ class Trainer(threading.Thread):
         # take the replay slots first, so the trainer catches up instead of lagging more.
         n_replay = min(round(s.batch_size * s.replay_fraction),
                        s.batch_size - len(fresh_examples)) if fresh_examples else s.batch_size
+        self._note_latest(fresh_examples)
         replay = self.store.reservoir_sample(n_replay, self.rng) if n_replay > 0 else []
-        examples = fresh_examples + replay
+        examples = fresh_examples + self._current(replay)
         info = None
         if examples:
             info = self._step(examples)
@@ -243,6 +246,33 @@ class Trainer(threading.Thread):
             if self.status.step - self._last_ckpt_step >= s.checkpoint_every_steps:
                 self.checkpoint()
         return info
+
+    LATEST_CAP = 200_000
+
+    def _note_latest(self, fresh: list[dict]) -> None:
+        for ex in fresh:
+            fp = context_fingerprint(ex["context"])
+            self._latest[fp] = ex["label"]
+            self._latest.move_to_end(fp)
+        while len(self._latest) > self.LATEST_CAP:
+            self._latest.popitem(last=False)
+
+    def _current(self, replay: list[dict]) -> list[dict]:
+        """Drop replayed examples that a newer signal for the same call contradicts.
+
+        When the gate's policy changes, the reservoir still holds the old label of every
+        call it has seen; replaying those against the fresh ones pins the model halfway
+        between the two policies. The newest label of an identical call (same context
+        fingerprint) is the policy now, so an unlocked example that disagrees with it is
+        not replayed. Locked examples (a person's false-positive/negative correction) are
+        always replayed.
+        """
+        out = []
+        for ex in replay:
+            newest = self._latest.get(context_fingerprint(ex["context"]))
+            if ex.get("locked") or newest is None or newest == ex["label"]:
+                out.append(ex)
+        return out
 
     def _step(self, examples: list[dict]) -> dict:
         from .engine import train_step
