@@ -1,0 +1,107 @@
+"""The online trainer against a real LMDB store: progressive validation, rollback, swap,
+resume, policy drift."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from gated.config import TrainConfig
+from gated.engine import ModelConfig
+from gated.store import Store
+from gated.trainer import AlignmentWindow, build_trainer
+
+
+def _trainer(tmp_path, **kw):
+    store = Store(tmp_path / "state")
+    settings = dataclasses.replace(TrainConfig(), lr=3e-3, swap_every_steps=2, **kw)
+    trainer, serving = build_trainer(store, ModelConfig.tiny(), settings, seed=0)
+    return store, trainer, serving
+
+
+def _sig(context: str, decision: str, **extra) -> dict:
+    return {"context": context, "decision": decision, **extra}
+
+
+def test_alignment_window_and_confusion_positive_is_block():
+    w = AlignmentWindow(4)
+    w.add(0.9, 1.0)   # predicted allow, truth allow: tn
+    w.add(0.2, 0.0)   # predicted block, truth block: tp
+    w.add(0.3, 1.0)   # predicted block, truth allow: fp
+    w.add(0.8, 0.0)   # predicted allow, truth block: fn
+    assert w.confusion() == {"tp": 1, "fp": 1, "tn": 1, "fn": 1}
+    assert w.alignment == 0.5 and w.full and not w.converged(0.95)
+    w.add(0.1, 0.0)  # slides: the first (tn) leaves
+    assert w.confusion() == {"tp": 2, "fp": 1, "tn": 0, "fn": 1} and len(w.items) == 4
+
+
+def test_scores_before_training_swaps_and_publishes(tmp_path):
+    store, trainer, serving = _trainer(tmp_path)
+    store.append_signals([_sig(f"bash ls {i}", "allow") for i in range(40)])
+    before = serving.current
+    while trainer.status.last_trained_seq < 40:
+        trainer.train_on(store.read_signals(trainer.status.last_trained_seq, 16))
+    assert trainer.window.total_scored == 40
+    assert trainer.status.version >= 1 and serving.current is not before
+    version, flat = store.load_published()
+    assert version == trainer.status.version
+    np.testing.assert_array_equal(flat, serving.current.model.flat)
+    store.close()
+
+
+def test_non_finite_step_is_rolled_back_and_never_published(tmp_path):
+    store, trainer, serving = _trainer(tmp_path)
+    store.append_signals([_sig(f"bash ls {i}", "allow") for i in range(8)])
+    trainer.train_on(store.read_signals(0, 8))
+    trainer._maybe_swap(force=True)
+    good_version, good_flat = store.load_published()
+    trainer.model.flat[5] = np.nan  # a diverged step's weights
+    store.append_signals([_sig("bash rm -rf /", "block")])
+    trainer.train_on(store.read_signals(trainer.status.last_trained_seq, 8))
+    assert trainer.status.rollbacks == 1
+    assert np.isfinite(trainer.model.flat).all()
+    np.testing.assert_array_equal(trainer.model.flat, good_flat)
+    assert trainer._maybe_swap(force=True) is False  # nothing new to publish
+    assert store.load_published()[0] == good_version
+    assert np.isfinite(serving.current.model.flat).all()
+    store.close()
+
+
+def test_checkpoint_resume_is_exact(tmp_path):
+    store, trainer, _ = _trainer(tmp_path)
+    store.append_signals([_sig(f"write_file src/{i}.py", "allow") for i in range(20)])
+    while trainer.status.last_trained_seq < 20:
+        trainer.train_on(store.read_signals(trainer.status.last_trained_seq, 16))
+    trainer.checkpoint()
+    flat, m, t = trainer.model.flat.copy(), trainer.opt.m.copy(), trainer.opt.t
+    step = trainer.status.step
+    store.close()
+    store2 = Store(tmp_path / "state")
+    t2, _ = build_trainer(store2, ModelConfig.tiny(), TrainConfig(), seed=0)
+    assert t2.status.step == step and t2.status.last_trained_seq == 20 and t2.opt.t == t
+    np.testing.assert_array_equal(t2.model.flat, flat)
+    np.testing.assert_array_equal(t2.opt.m, m)
+    assert store2.read_signals(t2.status.last_trained_seq, 10) == []  # nothing to re-train
+    store2.close()
+
+
+def test_replay_skips_examples_contradicted_by_a_newer_signal(tmp_path):
+    store, trainer, _ = _trainer(tmp_path, replay_fraction=0.5)
+    store.append_signals([_sig("http_get https://x.example", "allow"),
+                          _sig("bash ls", "allow"),
+                          _sig("read_file /etc/passwd", "block", feedback="false_positive")])
+    trainer.train_on(store.read_signals(0, 16))
+    old = store.reservoir_sample(10, trainer.rng)
+    assert len(old) == 3
+    # The policy changes: the same download is now blocked.
+    store.append_signals([_sig("http_get https://x.example", "block"),
+                          _sig("read_file /etc/passwd", "block")])
+    trainer._note_latest([{"context": "http_get https://x.example", "label": 0.0},
+                          {"context": "read_file /etc/passwd", "label": 0.0}])
+    kept = trainer._current(old)
+    contexts = {(e["context"], e["label"]) for e in kept}
+    assert ("http_get https://x.example", 1.0) not in contexts  # stale label dropped
+    assert ("bash ls", 1.0) in contexts  # no newer signal: kept
+    assert ("read_file /etc/passwd", 1.0) in contexts  # locked correction: always kept
+    store.close()
