@@ -14,8 +14,15 @@ import math
 # --- Linear: y = x @ W.T + b -----------------------------------------------------------
 
 
+def matmul_wt(x, w):
+    """x @ W.T over the last axis, as ONE 2-D GEMM (a stacked 3-D matmul is ~30% slower)."""
+    return (x.reshape(-1, x.shape[-1]) @ w.T).reshape(*x.shape[:-1], w.shape[0])
+
+
 def linear_fwd(x, w, b):
-    return x @ w.T + b
+    y = matmul_wt(x, w)
+    y += b
+    return y
 
 
 def linear_bwd(dy, x, w, dw, db):
@@ -24,7 +31,7 @@ def linear_bwd(dy, x, w, dw, db):
     dy2 = dy.reshape(-1, d_out)
     dw += dy2.T @ x.reshape(-1, d_in)
     db += dy2.sum(axis=0)
-    return dy @ w
+    return (dy2 @ w).reshape(*dy.shape[:-1], d_in)
 
 
 # --- LayerNorm -------------------------------------------------------------------------
@@ -87,7 +94,7 @@ def attn_bwd(ops, P, G, name, dy, cache, n_heads):
 
 
 def ffn_fwd(ops, P, name, x):
-    h, act = ops.bias_gelu_fwd(x @ P[f"{name}.w1"].T, P[f"{name}.b1"])
+    h, act = ops.bias_gelu_fwd(matmul_wt(x, P[f"{name}.w1"]), P[f"{name}.b1"])
     y = linear_fwd(h, P[f"{name}.w2"], P[f"{name}.b2"])
     return y, (x, act, h)
 

@@ -92,10 +92,11 @@ class NumpyOps:
 
         Masked scores are -inf before the softmax, so they get exactly zero probability.
         """
-        s = np.where(keep, s, -np.inf)
-        s = s - s.max(axis=-1, keepdims=True)
-        e = np.exp(s)
-        return e / e.sum(axis=-1, keepdims=True)
+        p = np.where(keep, s, -np.inf)  # the one new buffer; the rest runs in place
+        p -= p.max(axis=-1, keepdims=True)
+        np.exp(p, out=p)
+        p /= p.sum(axis=-1, keepdims=True)
+        return p
 
     def softmax_bwd(self, p, dp):
         """dS = P * (dP - rowsum(P * dP))."""
