@@ -288,15 +288,9 @@ def render(results: list[dict], info: dict, command: str, crash: dict | None) ->
 
 def update_doc(section: str, doc: Path = DOC) -> None:
     """Replace this benchmark's section in docs/benchmarks.md (other sections untouched)."""
-    text = doc.read_text() if doc.exists() else "# Benchmarks\n\n"
-    start = text.find(SECTION + "\n")
-    if start < 0:
-        text = text.rstrip("\n") + "\n\n" + section
-    else:
-        nxt = text.find("\n## ", start + len(SECTION))
-        text = text[:start] + section + ("\n" + text[nxt + 1:] if nxt >= 0 else "")
-    doc.parent.mkdir(parents=True, exist_ok=True)
-    doc.write_text(text.rstrip("\n") + "\n")
+    from docs_section import write_section
+
+    write_section(SECTION, section, doc)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,7 +22,6 @@ import os
 import platform
 import tempfile
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -109,18 +108,13 @@ def main() -> None:
         traces.append(f"- lr {lr:g}, (signals scored, window alignment): {r['trace']}")
         print(line, "\n", traces[-1], flush=True)
     if a.write:
-        doc = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
-        text = doc.read_text()
+        from docs_section import write_section
+
         head = f"## Learning ({a.preset}, CPU)"
-        if head in text:
-            start = text.index(head)
-            nxt = text.find("\n## ", start + 1)
-            text = text[:start] + (text[nxt + 1:] if nxt != -1 else "")
         cmd = (f"`.venv/bin/python bench/bench_learning.py --preset {a.preset} --lr "
                f"{' '.join(f'{x:g}' for x in a.lr)} --signals {a.signals} --write`")
-        text = (text.rstrip() + f"\n\n{head}\n\nCommand: {cmd}\n\n" + "\n".join(lines)
-                + "\n\n" + "\n".join(traces) + "\n")
-        doc.write_text(text)
+        write_section(head, f"{head}\n\nCommand: {cmd}\n\n" + "\n".join(lines) + "\n\n"
+                      + "\n".join(traces))
 
 
 if __name__ == "__main__":

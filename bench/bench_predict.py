@@ -102,17 +102,12 @@ def main() -> None:
     ]
     print("\n".join(lines))
     if a.write:
-        doc = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
-        text = doc.read_text() if doc.exists() else "# Benchmarks\n"
-        head = "## Predict latency (CPU)"
-        if head in text:
-            start = text.index(head)
-            nxt = text.find("\n## ", start + 1)
-            text = text[:start] + text[nxt + 1:] if nxt != -1 else text[:start]
+        from docs_section import write_section
+
         cmd = (f"`.venv/bin/python bench/bench_predict.py --preset {a.preset} "
                f"--seconds {a.seconds:g} --write`")
-        text = text.rstrip() + f"\n\n{head}\n\nCommand: {cmd}\n\n" + "\n".join(lines) + "\n"
-        doc.write_text(text)
+        head = "## Predict latency (CPU)"
+        write_section(head, f"{head}\n\nCommand: {cmd}\n\n" + "\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -342,14 +342,9 @@ def section_text(rows: list[dict[str, Any]], use_torch: bool, attn_impl: str,
 
 def write_section(text: str, path: Path = DOC) -> None:
     """Replace (or append) this benchmark's section of docs/benchmarks.md, nothing else."""
-    old = path.read_text() if path.exists() else DOC_HEADER
-    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.MULTILINE | re.DOTALL)
-    if pattern.search(old):
-        new = pattern.sub(lambda _m: text.rstrip("\n") + "\n\n", old, count=1)
-        new = new.rstrip("\n") + "\n"
-    else:
-        new = old.rstrip("\n") + "\n\n" + text.rstrip("\n") + "\n"
-    path.write_text(new)
+    from docs_section import write_section as write
+
+    write(SECTION, text, path)
 
 
 def main(argv: list[str] | None = None) -> int:
