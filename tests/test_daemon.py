@@ -11,7 +11,9 @@ import pytest
 from daemon_proc import start, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
+from gated.engine import Model, ModelConfig, source_batch
 from gated.metrics import SERIES
+from gated.store import load_published
 from gated.synthetic import SyntheticGateway
 
 FAST = """
@@ -76,13 +78,21 @@ def test_end_to_end_signals_train_swap_predict_metrics(tmp_path, config):
         assert d.stop() == 0
 
 
-def test_restart_resumes_step_version_weights_and_trains_nothing_twice(tmp_path, config):
+def test_restart_resumes_step_version_weights_and_trains_nothing_twice(tmp_path):
+    # No idle replay steps: with no new signals a restarted daemon must not move at all.
+    config = tmp_path / "quiet.toml"
+    config.write_text(FAST.replace("idle_steps_per_second = 5.0", "idle_steps_per_second = 0.0"))
     d = start(tmp_path, config=config)
     with d.client() as c:
         c.signals(_signals(120, seed=3))
         wait_until(lambda: c.status()["queue_depth"] == 0, what="queue drained")
     assert d.stop() == 0
     assert "stopped cleanly" in d.log()
+    # What the stopped daemon left: the published weights, read by another process.
+    version, flat = load_published(d.state_dir)
+    model = Model.from_flat(ModelConfig.tiny(), flat)
+    expect = float(model.predict_proba(source_batch([("write_file /etc/passwd", None)],
+                                                    model.cfg))[0])
     d2 = start(tmp_path, config=config, state_dir=d.state_dir)
     try:
         with d2.client() as c:
@@ -90,7 +100,8 @@ def test_restart_resumes_step_version_weights_and_trains_nothing_twice(tmp_path,
             assert st["last_trained_seq"] == 120
             assert st["scored"] == 0  # nothing re-scored, nothing re-trained as fresh
             first = c.predict("write_file /etc/passwd")
-            assert st["version"] >= 1 and first["version"] == st["version"]
+            assert st["version"] == version >= 1 and first["version"] == version
+            assert first["p_allow"] == pytest.approx(expect, abs=1e-6)  # the same weights
     finally:
         assert d2.stop() == 0
     # And a third start sees exactly what the second one checkpointed.
