@@ -254,6 +254,7 @@ class Daemon:
             serving_bands=Bands(cfg.bands.allow, cfg.bands.block), events=self.events,
             reinit=self.reinit)
         self.trainer.retention = cfg.retention
+        self.events.on_scored(self.trainer.window)  # the restored alignment window
         self.metrics.weights_version.set(self.serving.current.version)
         self.committer = GroupCommitter(self.store, weights=weight_table(cfg))
         metrics_server = self.metrics.serve(cfg.daemon.metrics_addr) \

@@ -57,6 +57,14 @@ class AlignmentWindow:
     def converged(self, threshold: float) -> bool:
         return self.full and self.alignment >= threshold
 
+    def dump(self) -> list[int]:
+        """The window as small ints (2*pred_block + true_block), oldest first: for checkpoints."""
+        return [2 * int(p) + int(t) for p, t in self.items]
+
+    def load(self, codes: list[int]) -> None:
+        """Restore a dumped window (a restart keeps reporting alignment over the same 1000)."""
+        self.items.extend((bool(c & 2), bool(c & 1)) for c in codes[-self.size:])
+
     def confusion(self) -> dict[str, int]:
         c = {"tp": 0, "fp": 0, "tn": 0, "fn": 0}
         for pred, true in self.items:
@@ -342,7 +350,8 @@ class Trainer(threading.Thread):
             step=self.status.step, last_trained_seq=self.status.last_trained_seq,
             layout=self.model.layout, config_fingerprint=self.model.cfg.fingerprint(),
             ewc={k: to_np(a) for k, a in ewc.items()},
-            extra={"opt_t": self.opt.t, "version": self.status.version})
+            extra={"opt_t": self.opt.t, "version": self.status.version,
+                   "window": self.window.dump()})
         self._last_ckpt_step = self.status.step
         self.status.last_checkpoint = time.time()
         self.events.on_checkpoint(self.status.last_checkpoint)
@@ -377,7 +386,7 @@ def build_trainer(store, model_cfg: ModelConfig, settings: TrainConfig, *, seed:
         model_cfg, seed=seed).layout, config_fingerprint=model_cfg.fingerprint())
     if ckpt is None:
         model = Model.init(model_cfg, seed=seed, backend=backend)
-        step, version, last_seq, opt_state, ewc_state = 0, 0, 0, None, None
+        step, version, last_seq, opt_state, ewc_state, window = 0, 0, 0, None, None, []
     else:
         model = Model.from_flat(model_cfg, ckpt.flat, backend=backend)
         extra = ckpt.extra or {}
@@ -385,6 +394,7 @@ def build_trainer(store, model_cfg: ModelConfig, settings: TrainConfig, *, seed:
         version = int(extra.get("version", 0))
         opt_state = {"m": ckpt.m, "v": ckpt.v, "t": int(extra.get("opt_t", ckpt.step))}
         ewc_state = ckpt.ewc
+        window = extra.get("window") or []
     published = store.load_published() if not reinit else None
     if published is not None and published[0] >= version:
         version, serve_flat = published[0], published[1]
@@ -394,4 +404,5 @@ def build_trainer(store, model_cfg: ModelConfig, settings: TrainConfig, *, seed:
     trainer = Trainer(store, serving, model, settings, step=step, version=version,
                       last_trained_seq=last_seq, opt_state=opt_state, ewc_state=ewc_state,
                       events=events, seed=seed)
+    trainer.window.load(window)
     return trainer, serving

@@ -80,6 +80,8 @@ def test_checkpoint_resume_is_exact(tmp_path):
     store2 = Store(tmp_path / "state")
     t2, _ = build_trainer(store2, ModelConfig.tiny(), TrainConfig(), seed=0)
     assert t2.status.step == step and t2.status.last_trained_seq == 20 and t2.opt.t == t
+    assert list(t2.window.items) == list(trainer.window.items) and len(t2.window.items) == 20
+    assert t2.window.total_scored == 0  # counts this run's scoring only
     np.testing.assert_array_equal(t2.model.flat, flat)
     np.testing.assert_array_equal(t2.opt.m, m)
     assert store2.read_signals(t2.status.last_trained_seq, 10) == []  # nothing to re-train
