@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-DEFAULT_SOCKET = "./var/gated.sock"
+from .config import DEFAULT_SOCKET, DEFAULT_STATE_DIR
 
 
 def _add_socket(p: argparse.ArgumentParser) -> None:
@@ -55,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_socket(st)
 
     rep = sub.add_parser("report", help="PNG of loss and alignment over time")
-    rep.add_argument("--state-dir", default="./var/gated")
+    rep.add_argument("--state-dir", default=DEFAULT_STATE_DIR)
     rep.add_argument("--out", default="gated-report.png")
 
     demo = sub.add_parser("demo", help="run a daemon against a synthetic gateway until it "
@@ -71,10 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     bk = sub.add_parser("backup", help="write a consistent compact copy of the state")
     bk.add_argument("dest")
-    bk.add_argument("--state-dir", default="./var/gated")
+    bk.add_argument("--state-dir", default=DEFAULT_STATE_DIR)
 
     ins = sub.add_parser("inspect", help="counts, versions, step and sizes of a state dir")
-    ins.add_argument("state_dir", nargs="?", default="./var/gated")
+    ins.add_argument("state_dir", nargs="?", default=DEFAULT_STATE_DIR)
     ins.add_argument("--json", action="store_true")
     return ap
 

@@ -36,12 +36,7 @@ from .trainer import AlignmentWindow, TrainerEvents, build_trainer
 
 log = logging.getLogger("gated")
 
-# Error codes of the signal validator that the wire protocol spells differently.
-_SIGNAL_CODES = {"bad_value": "invalid_value"}  # signals.py says bad_value
-
-
-def _signal_error(e: SignalError) -> dict[str, str]:
-    return {"code": _SIGNAL_CODES.get(e.code, e.code), "message": e.message}
+DRAIN_SECONDS = 30.0  # SIGTERM: train what is queued for at most this long, then stop
 
 
 class MetricsEvents(TrainerEvents):
@@ -54,13 +49,11 @@ class MetricsEvents(TrainerEvents):
     def on_step(self, info: dict, seconds: float) -> None:
         self.m.observe_step(info, seconds)
 
-    def on_scored(self, window: AlignmentWindow) -> None:
+    def on_scored(self, window: AlignmentWindow, converged: bool) -> None:
         new = window.total_scored - self._scored_seen
         self._scored_seen = window.total_scored
         self.m.set_alignment(window.alignment, len(window.items), window.confusion(),
-                             window.converged(self.threshold), scored=new)
-
-    threshold = 0.95
+                             converged, scored=new)
 
     def on_swap(self, version: int) -> None:
         self.m.swapped(version)
@@ -159,7 +152,7 @@ class Daemon:
                 valid.append(validate_signal(entry))
                 where.append(i)
             except SignalError as e:
-                results[i] = {"error": _signal_error(e)}
+                results[i] = {"error": e.to_dict()}
         for r in results:
             if r is not None:
                 self.metrics.rejected(r["error"]["code"])
@@ -179,15 +172,20 @@ class Daemon:
         self.metrics.observe_predict(time.perf_counter() - t0, req.op)
         return ok_reply(req.rid, **out)
 
+    def queue_depth(self, last_seq: int | None = None) -> int:
+        """Signals acknowledged but not trained on yet."""
+        last = self.store.last_seq() if last_seq is None else last_seq
+        return max(0, last - self.trainer.status.last_trained_seq)
+
     def status(self) -> dict[str, Any]:
         t, w = self.trainer.status, self.trainer.window
         last_seq = self.store.last_seq()
         return {
             "version": self.serving.current.version, "step": t.step,
             "last_trained_seq": t.last_trained_seq, "last_seq": last_seq,
-            "queue_depth": max(0, last_seq - t.last_trained_seq),
+            "queue_depth": self.queue_depth(last_seq),
             "scored": w.total_scored, "alignment": w.alignment, "window": len(w.items),
-            "converged": w.converged(self.cfg.train.converged_threshold),
+            "converged": self.trainer.converged(),
             "confusion": w.confusion(), "loss": t.last_loss, "lr": self.trainer.opt.lr,
             "rollbacks": t.rollbacks, "swaps": t.swaps, "last_checkpoint": t.last_checkpoint,
             "backend": self.backend, "device": self.device, "preset": self.cfg.daemon.preset,
@@ -204,7 +202,6 @@ class Daemon:
         self.trainer.retention = new.retention
         self.serving.bands = Bands(new.bands.allow, new.bands.block)
         self.committer.set_weights(weight_table(new))
-        self.events.threshold = new.train.converged_threshold
 
     # --- start-up and shutdown -------------------------------------------------------------------
     def _listen_socket(self) -> socket.socket:
@@ -248,13 +245,12 @@ class Daemon:
         Path(cfg.daemon.state_dir).mkdir(parents=True, exist_ok=True)
         self.store = Store(cfg.daemon.state_dir, replay_slots=cfg.train.replay_slots)
         self.events = MetricsEvents(self.metrics)
-        self.events.threshold = cfg.train.converged_threshold
         self.trainer, self.serving = build_trainer(
             self.store, model_cfg, cfg.train, seed=cfg.daemon.seed, backend=self.backend,
             serving_bands=Bands(cfg.bands.allow, cfg.bands.block), events=self.events,
             reinit=self.reinit)
         self.trainer.retention = cfg.retention
-        self.events.on_scored(self.trainer.window)  # the restored alignment window
+        self.trainer.report_alignment()  # the restored alignment window
         self.metrics.weights_version.set(self.serving.current.version)
         self.committer = GroupCommitter(self.store, weights=weight_table(cfg))
         metrics_server = self.metrics.serve(cfg.daemon.metrics_addr) \
@@ -289,7 +285,7 @@ class Daemon:
     def _status_line(self) -> str:
         t, w = self.trainer.status, self.trainer.window
         return (f"step {t.step}, version {t.version}, alignment {w.alignment:.3f} over "
-                f"{len(w.items)}, queue {max(0, self.store.last_seq() - t.last_trained_seq)}")
+                f"{len(w.items)}, queue {self.queue_depth()}")
 
     async def _supervise(self) -> None:
         """Main loop: STATUS, WATCHDOG after a health check, queue-depth metric."""
@@ -300,8 +296,7 @@ class Daemon:
                 await asyncio.wait_for(self._stop.wait(), timeout=tick)
             except TimeoutError:
                 pass
-            depth = max(0, self.store.last_seq() - self.trainer.status.last_trained_seq)
-            self.metrics.queue_depth.set(depth)
+            self.metrics.queue_depth.set(self.queue_depth())
             if not self.trainer.is_alive() and not self._stop.is_set():
                 log.error("the trainer thread died; stopping so systemd restarts the daemon "
                           "(every acknowledged signal is in the log)")
@@ -328,8 +323,7 @@ class Daemon:
 
     def _stop_threads(self) -> None:
         self.committer.close()
-        self.trainer.stop(drain=True, timeout=self.cfg.train.drain_seconds
-                          if hasattr(self.cfg.train, "drain_seconds") else 30.0)
+        self.trainer.stop(drain=True, timeout=DRAIN_SECONDS)
         self.trainer.join()
 
 

@@ -53,7 +53,7 @@ def _utf8_len(value: str, key: str) -> int:
     try:
         return len(value.encode("utf-8"))
     except UnicodeEncodeError as e:
-        raise SignalError("bad_value", f"'{key}' is not valid UTF-8 text ({e.reason}); "
+        raise SignalError("invalid_value", f"'{key}' is not valid UTF-8 text ({e.reason}); "
                                        "send it as a UTF-8 string") from None
 
 
@@ -91,7 +91,7 @@ def validate_signal(obj: Any, *, allow_extra: Iterable[str] = ()) -> dict[str, A
     context = _string(obj, "context", MAX_CONTEXT_BYTES, required=True)
     assert context is not None
     if not context.strip():
-        raise SignalError("bad_value", "'context' is empty; send the tool call as the gate "
+        raise SignalError("invalid_value", "'context' is empty; send the tool call as the gate "
                                        "saw it (tool name and arguments)")
 
     history_raw = obj.get("history")
@@ -120,7 +120,7 @@ def validate_signal(obj: Any, *, allow_extra: Iterable[str] = ()) -> dict[str, A
         raise SignalError("wrong_type", f"'decision' must be a string, got "
                                         f"{type(decision).__name__}")
     if decision not in DECISIONS:
-        raise SignalError("bad_value", f"'decision' is {decision[:32]!r}; it must be \"allow\" "
+        raise SignalError("invalid_value", f"'decision' is {decision[:32]!r}; it must be \"allow\" "
                                        "or \"block\"")
 
     feedback = obj.get("feedback")
@@ -129,14 +129,14 @@ def validate_signal(obj: Any, *, allow_extra: Iterable[str] = ()) -> dict[str, A
             raise SignalError("wrong_type", f"'feedback' must be a string, got "
                                             f"{type(feedback).__name__}")
         if feedback not in FEEDBACKS:
-            raise SignalError("bad_value", f"'feedback' is {feedback[:32]!r}; it must be one of "
-                                           f"{', '.join(FEEDBACKS)} (or absent)")
+            raise SignalError("invalid_value", f"'feedback' is {feedback[:32]!r}; it must be "
+                                               f"one of {', '.join(FEEDBACKS)} (or absent)")
 
     reason = _string(obj, "reason", MAX_REASON_BYTES, required=False) or None
 
     sid = _string(obj, "id", MAX_ID_BYTES, required=False)
     if sid == "":
-        raise SignalError("bad_value", "'id' is empty; leave it out or send a unique string")
+        raise SignalError("invalid_value", "'id' is empty; leave it out or send a unique string")
 
     ts = obj.get("ts")
     if ts is not None:
@@ -145,7 +145,7 @@ def validate_signal(obj: Any, *, allow_extra: Iterable[str] = ()) -> dict[str, A
                                             f"{type(ts).__name__}")
         ts = float(ts)
         if not math.isfinite(ts):
-            raise SignalError("bad_value", "'ts' must be a finite number of unix seconds")
+            raise SignalError("invalid_value", "'ts' must be a finite number of unix seconds")
 
     return {"context": context, "history": history, "decision": decision,
             "feedback": feedback, "reason": reason, "id": sid, "ts": ts}
@@ -236,7 +236,7 @@ def label_and_weight(signal: Mapping[str, Any], prior_fp_count: int,
         return 1.0, table.escalated(prior_fp_count)
     if feedback == "false_negative":
         return 0.0, table.escalated(prior_fp_count)
-    raise SignalError("bad_value", f"unknown feedback {feedback!r}")
+    raise SignalError("invalid_value", f"unknown feedback {feedback!r}")
 
 
 def escalation_key(signal: Mapping[str, Any], table: WeightTable = DEFAULT_WEIGHTS) -> bytes | None:

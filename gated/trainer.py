@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .config import TrainConfig
-from .engine import EWC, AdamW, Model, ModelConfig, build_batch
+from .engine import EWC, AdamW, Model, ModelConfig, build_batch, train_step
 from .serving import Serving
 from .signals import context_fingerprint, training_example
 from .store import StoreError
@@ -76,7 +76,7 @@ class TrainerEvents:
     """Hooks the daemon uses to export metrics; the defaults do nothing."""
 
     def on_step(self, info: dict, seconds: float) -> None: ...
-    def on_scored(self, window: AlignmentWindow) -> None: ...
+    def on_scored(self, window: AlignmentWindow, converged: bool) -> None: ...
     def on_swap(self, version: int) -> None: ...
     def on_rollback(self, reason: str) -> None: ...
     def on_checkpoint(self, ts: float) -> None: ...
@@ -235,7 +235,7 @@ class Trainer(threading.Thread):
                                               for e in fresh_examples])
             for pa, ex in zip(p, fresh_examples, strict=True):
                 self.window.add(float(pa), ex["label"])
-            self.events.on_scored(self.window)
+            self.report_alignment()
         # Caught up, a batch is replay_fraction replayed examples; behind, fresh signals
         # take the replay slots first, so the trainer catches up instead of lagging more.
         n_replay = min(round(s.batch_size * s.replay_fraction),
@@ -282,9 +282,13 @@ class Trainer(threading.Thread):
                 out.append(ex)
         return out
 
-    def _step(self, examples: list[dict]) -> dict:
-        from .engine import train_step
+    def converged(self) -> bool:
+        return self.window.converged(self.settings.converged_threshold)
 
+    def report_alignment(self) -> None:
+        self.events.on_scored(self.window, self.converged())
+
+    def _step(self, examples: list[dict]) -> dict:
         t0 = time.perf_counter()
         info = train_step(self.model, self.opt, build_batch(examples, self.model.cfg))
         finite = bool(info["finite"]) and self.model.ops.all_finite(self.model.flat)
