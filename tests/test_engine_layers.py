@@ -131,7 +131,7 @@ def test_attention_backward(rng, kind):
 def test_masked_softmax_gives_zero_to_masked_keys(rng):
     s = rng.normal(size=(1, 1, 3, 4))
     keep = np.array([True, True, False, True])[None, None, None, :]
-    p = OPS.masked_softmax(s, keep)
+    p = OPS.masked_softmax(s, keep, 1.0)
     assert np.all(p[..., 2] == 0.0)
     np.testing.assert_allclose(p.sum(-1), 1.0, rtol=1e-15)
 

@@ -68,7 +68,7 @@ def attn_fwd(ops, P, name, xq, xkv, keep, n_heads):
     k = _split_heads(linear_fwd(xkv, P[f"{name}.wk"], P[f"{name}.bk"]), n_heads)
     v = _split_heads(linear_fwd(xkv, P[f"{name}.wv"], P[f"{name}.bv"]), n_heads)
     scale = 1.0 / math.sqrt(q.shape[-1])
-    p = ops.masked_softmax((q @ k.transpose(0, 1, 3, 2)) * scale, keep)
+    p = ops.masked_softmax(q @ k.transpose(0, 1, 3, 2), keep, scale)
     o = _merge_heads(p @ v)
     y = linear_fwd(o, P[f"{name}.wo"], P[f"{name}.bo"])
     return y, (xq, xkv, q, k, v, p, o, scale)
@@ -81,7 +81,7 @@ def attn_bwd(ops, P, G, name, dy, cache, n_heads):
                       n_heads)
     dp = do @ v.transpose(0, 1, 3, 2)
     dv = p.transpose(0, 1, 3, 2) @ do
-    ds = ops.softmax_bwd(p, dp) * scale
+    ds = ops.softmax_bwd(p, dp, scale)
     dq = ds @ k
     dk = ds.transpose(0, 1, 3, 2) @ q
     dxq = linear_bwd(_merge_heads(dq), xq, P[f"{name}.wq"], G[f"{name}.wq"], G[f"{name}.bq"])

@@ -44,6 +44,10 @@ class Model:
     def __init__(self, cfg: ModelConfig, flat, ops: NumpyOps, dtype: str) -> None:
         xp = ops.xp
         self.cfg, self.ops, self.dtype = cfg, ops, np.dtype(dtype)
+        supported = getattr(ops, "dtypes", None)
+        if supported is not None and self.dtype not in supported:
+            raise ValueError(f"the {ops.name} backend computes in "
+                             f"{', '.join(map(str, supported))}, not {self.dtype}")
         self.layout = param_layout(cfg)
         if flat.shape != (num_params(self.layout),):
             raise ValueError(f"flat buffer has shape {flat.shape}, layout needs "

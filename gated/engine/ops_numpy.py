@@ -87,20 +87,24 @@ class NumpyOps:
         return sech2
 
     # --- attention softmax -----------------------------------------------------------
-    def masked_softmax(self, s, keep):
-        """Row softmax of scores `s` [.., Tq, Tk] where `keep` (broadcastable bool) is True.
+    def masked_softmax(self, s, keep, scale: float):
+        """Row softmax of `s * scale` [.., Tq, Tk] where `keep` (broadcastable bool) is True.
 
         Masked scores are -inf before the softmax, so they get exactly zero probability.
+        `s` is consumed (scaled in place).
         """
+        s *= scale
         p = np.where(keep, s, -np.inf)  # the one new buffer; the rest runs in place
         p -= p.max(axis=-1, keepdims=True)
         np.exp(p, out=p)
         p /= p.sum(axis=-1, keepdims=True)
         return p
 
-    def softmax_bwd(self, p, dp):
-        """dS = P * (dP - rowsum(P * dP))."""
-        return p * (dp - (p * dp).sum(axis=-1, keepdims=True))
+    def softmax_bwd(self, p, dp, scale: float):
+        """dS = scale * P * (dP - rowsum(P * dP)) (the scores were s * scale)."""
+        ds = p * (dp - (p * dp).sum(axis=-1, keepdims=True))
+        ds *= scale
+        return ds
 
     # --- losses ----------------------------------------------------------------------
     def cross_entropy(self, logits, targets, mask, scale: float):

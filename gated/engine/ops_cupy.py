@@ -1,0 +1,70 @@
+"""The GPU backend: KernelOps' launches on CuPy, matmuls on cuBLAS through `cupy.matmul`.
+
+Imported only when the backend is asked for (CuPy is the optional `gpu` extra). The
+kernels are compiled by NVRTC once per process (CuPy caches the binary on disk too);
+`warmup()` compiles them all up front so that a broken toolchain fails at start-up, not
+at the first training step, and so that no step pays a compile.
+"""
+
+from __future__ import annotations
+
+import time
+
+import cupy
+import numpy as np
+
+from .ops_kernels import KERNEL_NAMES, KERNEL_SOURCE, KernelOps
+
+# --fmad=false: no multiply-add contraction, so elementwise results (AdamW above all)
+# round exactly as NumPy's float32 operations do; these kernels are memory-bound, so the
+# separate multiply and add cost nothing measurable.
+NVRTC_OPTIONS = ("--std=c++17", "--fmad=false")
+
+_module: cupy.RawModule | None = None
+
+
+def kernel_module() -> cupy.RawModule:
+    """The one RawModule of this process (kernels are compiled on first use)."""
+    global _module
+    if _module is None:
+        _module = cupy.RawModule(code=KERNEL_SOURCE.read_text(), options=NVRTC_OPTIONS)
+    return _module
+
+
+class CupyOps(KernelOps):
+    """Every fused operation of a training step as a CUDA kernel; arrays are cupy arrays."""
+
+    name = "cupy"
+    xp = cupy
+
+    def __init__(self) -> None:
+        self._functions: dict[str, cupy.RawKernel] = {}
+
+    def warmup(self) -> int:
+        """Compile and load every kernel now; returns how many (raises on any failure)."""
+        for name in KERNEL_NAMES:
+            self._function(name)
+        return len(KERNEL_NAMES)
+
+    def _function(self, name: str):
+        fn = self._functions.get(name)
+        if fn is None:
+            fn = self._functions[name] = kernel_module().get_function(name)
+        return fn
+
+    def _launch(self, kernel: str, grid: int, block: int, args: tuple) -> None:
+        self._function(kernel)((grid,), (block,), args)
+
+    def to_numpy(self, a) -> np.ndarray:
+        return cupy.asnumpy(a)
+
+    @staticmethod
+    def synchronize() -> None:
+        cupy.cuda.get_current_stream().synchronize()
+
+
+def warmup_seconds() -> tuple[int, float]:
+    """(kernels compiled, seconds): what start-up reports."""
+    t0 = time.perf_counter()
+    n = CupyOps().warmup()
+    return n, time.perf_counter() - t0

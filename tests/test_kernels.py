@@ -1,0 +1,296 @@
+"""Fused kernels (kernels.cu behind KernelOps) against the NumPy reference, float32.
+
+Every test runs on two backends of the same kernels:
+  * "emu":  kernels.cu compiled for the CPU by g++ (tests/cuda_emu.py). It stands in for
+            the GPU that CI cannot have, and runs everywhere g++ exists.
+  * "cupy": the real thing, CupyOps on a CUDA device. Skipped, with the reason, where
+            CuPy or a device is missing; run on a lent GPU machine by `make test`.
+Acceptance (issue 5): loss within 1e-5 relative, every gradient tensor within 1e-3 of
+its largest entry, one AdamW step equal to float32 rounding, predictions in the same band.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from cuda_emu import EmuOps, gxx_available, kernel_signatures
+
+from gated.device import cuda_status
+from gated.engine import Model, ModelConfig, build_batch
+from gated.engine.layout import init_flat, param_layout
+from gated.engine.ops_kernels import KERNEL_NAMES, KERNEL_SOURCE
+from gated.engine.ops_numpy import NumpyOps
+from gated.engine.optim import AdamW
+from gated.engine.tokenizer import source_batch
+from gated.serving import Bands
+
+REF = NumpyOps()
+
+
+def _cupy_ops():
+    ok, why = cuda_status()
+    if not ok:
+        pytest.skip(f"GPU parity needs CuPy and a CUDA device: {why}")
+    from gated.engine.ops_cupy import CupyOps
+
+    return CupyOps()
+
+
+def _emu_ops():
+    if not gxx_available():
+        pytest.skip("the CPU build of the CUDA kernels needs g++, which is not on PATH")
+    return EmuOps()
+
+
+@pytest.fixture(scope="module", params=["emu", pytest.param("cupy", marks=pytest.mark.gpu)])
+def ops(request):
+    return _emu_ops() if request.param == "emu" else _cupy_ops()
+
+
+def _dev(ops, a):
+    return ops.xp.asarray(a)
+
+
+def _host(ops, a):
+    return ops.to_numpy(a)
+
+
+def _f32(rng, *shape, scale=1.0):
+    return (rng.normal(size=shape) * scale).astype(np.float32)
+
+
+def _close(got, want, rel=1e-5):
+    """Within `rel` of the largest entry (float32 sums in a different order)."""
+    want = np.asarray(want)
+    bound = rel * max(1.0, float(np.abs(want).max()))
+    err = float(np.abs(np.asarray(got, dtype=np.float64) - want).max())
+    assert err <= bound, f"max error {err:.3g} > {bound:.3g}"
+
+
+# --- each kernel against its NumPy method --------------------------------------------------
+
+
+def test_source_declares_exactly_the_kernels_the_backend_launches():
+    assert set(kernel_signatures(KERNEL_SOURCE.read_text())) == set(KERNEL_NAMES)
+
+
+@pytest.mark.parametrize("d", [7, 40, 256, 600])
+def test_layernorm_forward_and_backward(ops, d):
+    rng = np.random.default_rng(d)
+    x, g, b = _f32(rng, 3, 11, d, scale=3.0) + 1.0, _f32(rng, d), _f32(rng, d)
+    dy = _f32(rng, 3, 11, d)
+    y, cache = REF.layernorm_fwd(x, g, b, 1e-5)
+    dg, db = np.full(d, 0.5, np.float32), np.full(d, -0.25, np.float32)  # accumulates
+    dx = REF.layernorm_bwd(dy, cache, g, dg, db)
+
+    ky, kcache = ops.layernorm_fwd(_dev(ops, x), _dev(ops, g), _dev(ops, b), 1e-5)
+    kdg, kdb = _dev(ops, np.full(d, 0.5, np.float32)), _dev(ops, np.full(d, -0.25, np.float32))
+    kdx = ops.layernorm_bwd(_dev(ops, dy), kcache, _dev(ops, g), kdg, kdb)
+    _close(_host(ops, ky), y)
+    _close(_host(ops, kdx), dx)
+    _close(_host(ops, kdg), dg)
+    _close(_host(ops, kdb), db)
+
+
+def test_bias_gelu_forward_and_backward(ops):
+    rng = np.random.default_rng(1)
+    h, b, dy = _f32(rng, 5, 9, 33, scale=3.0), _f32(rng, 33), _f32(rng, 5, 9, 33)
+    y, cache = REF.bias_gelu_fwd(h.copy(), b)
+    da = REF.gelu_bwd(dy, cache)
+    ky, kcache = ops.bias_gelu_fwd(_dev(ops, h), _dev(ops, b))
+    kda = ops.gelu_bwd(_dev(ops, dy), kcache)
+    _close(_host(ops, ky), y)
+    _close(_host(ops, kda), da)
+
+
+@pytest.mark.parametrize("mask", ["padding", "causal"])
+def test_masked_softmax_and_its_backward(ops, mask):
+    rng = np.random.default_rng(2)
+    b, h, tq, tk = 3, 2, 5, 300 if mask == "padding" else 5
+    s, dp = _f32(rng, b, h, tq, tk, scale=4.0), _f32(rng, b, h, tq, tk)
+    if mask == "padding":
+        lengths = np.array([tk, 1, 137])
+        keep = (np.arange(tk)[None, :] < lengths[:, None])[:, None, None, :]
+    else:
+        keep = np.tril(np.ones((tq, tk), dtype=bool))[None, None]
+    p = REF.masked_softmax(s.copy(), keep, 0.125)
+    ds = REF.softmax_bwd(p, dp, 0.125)
+    kp = ops.masked_softmax(_dev(ops, s), _dev(ops, keep), 0.125)
+    kds = ops.softmax_bwd(kp, _dev(ops, dp), 0.125)
+    hp = _host(ops, kp)
+    assert np.all(hp[~np.broadcast_to(keep, hp.shape)] == 0.0), "a masked key got probability"
+    _close(hp, p)
+    _close(_host(ops, kds), ds)
+
+
+def test_softmax_row_with_no_key_kept_is_all_zero_not_nan(ops):
+    s = np.ones((1, 1, 2, 4), np.float32)
+    keep = np.array([[True, False, False, False], [False] * 4])[None, None]
+    p = _host(ops, ops.masked_softmax(_dev(ops, s), _dev(ops, keep), 1.0))
+    assert p[0, 0, 0].tolist() == [1.0, 0.0, 0.0, 0.0]
+    assert p[0, 0, 1].tolist() == [0.0] * 4
+
+
+def test_fused_cross_entropy(ops):
+    rng = np.random.default_rng(3)
+    n, v = 37, 260
+    logits = _f32(rng, n, v, scale=5.0)
+    targets = rng.integers(0, v, n)
+    mask = (rng.random(n) < 0.7).astype(np.float32)
+    loss, dlogits, count = REF.cross_entropy(logits, targets, mask, 0.5)
+    kloss, kd, kcount = ops.cross_entropy(_dev(ops, logits.copy()), _dev(ops, targets),
+                                          _dev(ops, mask), 0.5)
+    assert kcount == count
+    assert abs(kloss - loss) <= 1e-5 * abs(loss)
+    _close(_host(ops, kd), dlogits)
+
+
+def test_weighted_bce_with_logits(ops):
+    rng = np.random.default_rng(4)
+    z = np.concatenate([_f32(rng, 40, scale=5.0), np.float32([-90.0, 90.0, 0.0])])
+    y = (rng.random(z.size) < 0.5).astype(np.float32)
+    w = (rng.random(z.size) * 5).astype(np.float32)
+    loss, dz = REF.bce_with_logits(z, y, w, 2.0)
+    kloss, kdz = ops.bce_with_logits(_dev(ops, z), _dev(ops, y), _dev(ops, w), 2.0)
+    assert abs(kloss - loss) <= 1e-5 * abs(loss)
+    _close(_host(ops, kdz), dz)
+
+
+def test_embedding_scatter_add_with_repeated_tokens(ops):
+    rng = np.random.default_rng(5)
+    tokens = rng.integers(0, 6, (4, 50))  # many collisions: the atomics must add them all
+    dx = _f32(rng, 4, 50, 24)
+    want = np.zeros((10, 24), np.float32)
+    REF.embedding_bwd(want, tokens, dx)
+    got = _dev(ops, np.zeros((10, 24), np.float32))
+    ops.embedding_bwd(got, _dev(ops, tokens), _dev(ops, dx))
+    _close(_host(ops, got), want)
+
+
+def test_mean_pool_and_backward(ops):
+    rng = np.random.default_rng(6)
+    x, dpooled = _f32(rng, 3, 17, 300), _f32(rng, 3, 300)
+    mask = (np.arange(17)[None, :] < np.array([17, 1, 9])[:, None]).astype(np.float32)
+    pooled, denom = REF.mean_pool(x, mask)
+    dx = REF.mean_pool_bwd(dpooled, mask, denom)
+    kpooled, kdenom = ops.mean_pool(_dev(ops, x), _dev(ops, mask))
+    kdx = ops.mean_pool_bwd(_dev(ops, dpooled), _dev(ops, mask), kdenom)
+    _close(_host(ops, kpooled), pooled)
+    np.testing.assert_array_equal(_host(ops, kdenom), denom)
+    _close(_host(ops, kdx), dx)
+
+
+def test_global_gradient_norm_in_float64(ops):
+    rng = np.random.default_rng(7)
+    g = _f32(rng, 300_007, scale=1e-3)
+    assert abs(ops.sq_norm(_dev(ops, g)) - REF.sq_norm(g)) <= 1e-12 * REF.sq_norm(g)
+
+
+def test_adamw_is_one_launch_equal_to_float32_rounding(ops):
+    rng = np.random.default_rng(8)
+    n = 50_001
+    p, g = _f32(rng, n), _f32(rng, n, scale=0.1)
+    m, v = _f32(rng, n, scale=0.01), np.abs(_f32(rng, n, scale=0.001))
+    decay = (rng.random(n) < 0.6).astype(np.float32)
+    kw = dict(lr=3e-4, b1=0.9, b2=0.999, eps=1e-8, wd=0.01, step=7, grad_scale=0.37)
+    want = [a.copy() for a in (p, m, v)]
+    REF.adamw(*want[:1], g, *want[1:], decay, **kw)
+    got = [_dev(ops, a.copy()) for a in (p, m, v)]
+    if isinstance(ops, EmuOps):
+        ops.launches.clear()
+    ops.adamw(got[0], _dev(ops, g), got[1], got[2], _dev(ops, decay), **kw)
+    if isinstance(ops, EmuOps):
+        assert ops.launches == ["adamw"]
+    for w, k in zip(want, got, strict=True):
+        np.testing.assert_array_max_ulp(_host(ops, k), w, maxulp=1)
+
+
+def test_launch_rejects_a_scalar_of_the_wrong_c_type():
+    """The emulator checks every argument against the kernel's declared C type, which is
+    what keeps the Python side honest about `numpy.float32` vs float vs int."""
+    emu = _emu_ops()
+    x = np.zeros(8, np.float32)
+    with pytest.raises(TypeError, match="needs numpy.float32"):
+        emu._launch("softmax_bwd", 1, 32, (x, x, x, np.int32(8), 0.5))
+    with pytest.raises(TypeError, match="float32 array"):
+        emu._launch("softmax_bwd", 1, 32, (x.astype(np.float64), x, x, np.int32(8),
+                                           np.float32(0.5)))
+
+
+# --- whole model: tiny and flint -----------------------------------------------------------
+
+
+def _examples(n: int, rng) -> list[dict]:
+    words = ["rm -rf /tmp/x", "cat README.md", "curl http://a | sh", "ls", "git push -f",
+             "pip install requests", "echo hi", "sudo reboot"]
+    out = []
+    for i in range(n):
+        out.append({"context": words[i % len(words)] + f" #{i}",
+                    "history": [words[(i + 3) % len(words)]] if i % 2 else None,
+                    "reason": None if i % 3 == 2 else f"reason {i}: {'ok' if i % 2 else 'no'}",
+                    "label": i % 2, "weight": float(1 + i % 4)})
+    rng.shuffle(out)
+    return out
+
+
+def _pair(cfg: ModelConfig, ops):
+    """The same weights on NumPy and on `ops`: O(1) scale so no gradient hides at init."""
+    flat = init_flat(param_layout(cfg), seed=3).astype(np.float32)
+    rng = np.random.default_rng(11)
+    flat += (rng.normal(size=flat.shape) * 0.05).astype(np.float32)
+    ref = Model(cfg, flat.copy(), REF, "float32")
+    kern = Model(cfg, _dev(ops, flat), ops, "float32")
+    return ref, kern
+
+
+@pytest.mark.parametrize("preset", ["tiny", "flint"])
+def test_training_step_matches_numpy(ops, preset):
+    cfg = ModelConfig.preset(preset)
+    ref, kern = _pair(cfg, ops)
+    batch = build_batch(_examples(6, np.random.default_rng(0)), cfg)
+    if isinstance(ops, EmuOps):
+        ops.launches.clear()
+    loss, parts = ref.loss_parts_and_grads(batch)
+    kloss, kparts = kern.loss_parts_and_grads(batch)
+    assert abs(kloss - loss) <= 1e-5 * abs(loss), (kloss, loss)
+    scale = max(float(np.abs(g).max()) for g in ref.grads.values())
+    for name, g in ref.grads.items():
+        kg = _host(ops, kern.grads[name])
+        if name.endswith(".bk"):
+            # Softmax is shift-invariant per query, so d/d(key bias) is exactly zero: both
+            # backends must give float noise, far below every real gradient.
+            assert np.abs(kg).max() <= 1e-6 * scale, f"{preset} {name} is not ~0"
+            continue
+        bound = 1e-3 * float(np.abs(g).max())
+        err = float(np.abs(kg - g).max())
+        assert err <= bound, f"{preset} {name}: max error {err:.3g} > {bound:.3g}"
+
+    # One AdamW step from identical state: equal to float32 rounding.
+    opt_ref, opt_k = AdamW.for_model(ref, lr=1e-3), AdamW.for_model(kern, lr=1e-3)
+    kern.grad_flat[...] = _dev(ops, ref.grad_flat)  # same gradient in, compare the update
+    info_ref, info_k = opt_ref.step(ref.flat, ref.grad_flat), opt_k.step(kern.flat, kern.grad_flat)
+    assert abs(info_k["grad_norm"] - info_ref["grad_norm"]) <= 1e-6 * info_ref["grad_norm"]
+    np.testing.assert_array_max_ulp(_host(ops, kern.flat), ref.flat, maxulp=1)
+    np.testing.assert_array_max_ulp(_host(ops, opt_k.m), opt_ref.m, maxulp=1)
+    np.testing.assert_array_max_ulp(_host(ops, opt_k.v), opt_ref.v, maxulp=1)
+    if isinstance(ops, EmuOps):  # every kernel ran in this one step
+        assert set(ops.launches) >= set(KERNEL_NAMES)
+
+
+@pytest.mark.parametrize("preset", ["tiny", "flint"])
+def test_predictions_fall_in_the_same_band(ops, preset):
+    cfg = ModelConfig.preset(preset)
+    ref, kern = _pair(cfg, ops)
+    items = [(e["context"], e["history"]) for e in _examples(8, np.random.default_rng(1))]
+    src = source_batch(items, cfg)
+    # Spread the gate logits around 0 so that the rows land in different bands.
+    z = np.log(ref.predict_proba(src)) - np.log1p(-ref.predict_proba(src))
+    k = 8.0 / max(1e-3, float(z.std()))  # z -> k (z - median z)
+    for m in (ref, kern):
+        m.params["gate.w"][...] *= np.float32(k)
+        m.params["gate.b"][...] = np.float32(k) * (m.params["gate.b"] - np.float32(np.median(z)))
+    p, kp = ref.predict_proba(src), kern.predict_proba(src)
+    np.testing.assert_allclose(kp, p, atol=1e-5)
+    bands = Bands(allow=0.9, block=0.1)
+    assert [bands.of(x) for x in kp] == [bands.of(x) for x in p]
+    assert len({bands.of(x) for x in p}) >= 2, "the test rows should not all share one band"
