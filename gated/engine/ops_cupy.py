@@ -13,12 +13,7 @@ import time
 import cupy
 import numpy as np
 
-from .ops_kernels import KERNEL_NAMES, KERNEL_SOURCE, KernelOps
-
-# --fmad=false: no multiply-add contraction, so elementwise results (AdamW above all)
-# round exactly as NumPy's float32 operations do; these kernels are memory-bound, so the
-# separate multiply and add cost nothing measurable.
-NVRTC_OPTIONS = ("--std=c++17", "--fmad=false")
+from .ops_kernels import KERNEL_NAMES, KERNEL_SOURCE, NVRTC_OPTIONS, KernelOps
 
 _module: cupy.RawModule | None = None
 

@@ -23,6 +23,10 @@ KERNEL_SOURCE = Path(__file__).with_name("kernels.cu")
 KERNEL_NAMES = ("layernorm_fwd", "layernorm_bwd", "bias_gelu_fwd", "gelu_bwd",
                 "masked_softmax", "softmax_bwd", "cross_entropy", "bce_with_logits",
                 "embedding_bwd", "mean_pool_fwd", "mean_pool_bwd", "sq_norm", "adamw")
+# --fmad=false: no multiply-add contraction, so elementwise results (AdamW above all)
+# round exactly as NumPy's float32 operations do; these kernels are memory-bound, so the
+# separate multiply and add cost nothing measurable.
+NVRTC_OPTIONS = ("--std=c++17", "--fmad=false")
 MAX_BLOCK = 256  # kernels.cu's MAX_BLOCK: the shared reduction buffers hold this many
 LN_MAX_COLS = 8  # kernels.cu's LN_MAX_COLS: layernorm_bwd handles d <= 8 * blockDim
 LN_ROWS_PER_BLOCK = 16  # rows of one layernorm_bwd block (one dg/db atomic per 16 rows)
