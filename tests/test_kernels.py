@@ -294,3 +294,44 @@ def test_predictions_fall_in_the_same_band(ops, preset):
     bands = Bands(allow=0.9, block=0.1)
     assert [bands.of(x) for x in kp] == [bands.of(x) for x in p]
     assert len({bands.of(x) for x in p}) >= 2, "the test rows should not all share one band"
+
+
+# --- GPU only: memory and the swap -----------------------------------------------------------
+
+
+@pytest.mark.gpu
+def test_steady_state_steps_take_no_new_device_memory():
+    """After warm-up, a step of the same shape is served entirely from CuPy's pool."""
+    ops = _cupy_ops()
+    import cupy
+
+    cfg = ModelConfig.preset("flint")
+    model = Model(cfg, cupy.asarray(init_flat(param_layout(cfg), 0), dtype=np.float32), ops,
+                  "float32")
+    opt = AdamW.for_model(model, lr=1e-3)
+    batch = build_batch(_examples(32, np.random.default_rng(2)), cfg)
+    pool = cupy.get_default_memory_pool()
+    sizes = []
+    for _ in range(6):
+        model.loss_parts_and_grads(batch)
+        opt.step(model.flat, model.grad_flat)
+        ops.synchronize()
+        sizes.append(pool.total_bytes())
+    assert len(set(sizes[2:])) == 1, f"pool grew in the steady state: {sizes}"
+
+
+@pytest.mark.gpu
+def test_swap_copies_the_weights_once_on_the_device():
+    _cupy_ops()
+    import cupy
+
+    from gated.serving import Serving
+
+    cfg = ModelConfig.tiny()
+    flat = cupy.asarray(init_flat(param_layout(cfg), 0), dtype=np.float32)
+    serving = Serving(cfg, flat, version=1, step=0, backend="cupy")
+    flat += 1.0  # training goes on in its own buffer
+    snap = serving.current.model.flat
+    assert isinstance(snap, cupy.ndarray)
+    assert snap.data.ptr != flat.data.ptr
+    np.testing.assert_array_equal(cupy.asnumpy(snap) + 1.0, cupy.asnumpy(flat))
