@@ -34,6 +34,7 @@ CONFUSION_CELLS = ("tp", "fp", "tn", "fn")
 REJECT_REASONS = (*ERROR_CODES, "other")
 PREDICT_OPS = ("predict", "explain")
 RELOAD_RESULTS = ("ok", "failed")
+DEVICE_MEMORY_KINDS = ("total", "free", "estimate")
 
 #: Every series a scrape exposes, with its type: sample names as in the text format
 #: (counters end in ``_total``, infos in ``_info``; a histogram's name is the stem of its
@@ -62,6 +63,7 @@ SERIES: dict[str, str] = {
     "gated_predict_duration_seconds": "histogram",
     "gated_backend_info": "info",
     "gated_gpu_fallbacks_total": "counter",
+    "gated_device_memory_bytes": "gauge",
     "gated_config_reloads_total": "counter",
     "gated_build_info": "info",
 }
@@ -134,7 +136,12 @@ class Metrics:
         self.backend = Info("gated_backend", "Compute backend in use, the device, and why it "
                             "was chosen", registry=r)
         self.gpu_fallbacks = Counter("gated_gpu_fallbacks", "Times the daemon fell back from "
-                                     "the GPU to the CPU", registry=r)
+                                     "the GPU to the CPU: at start-up (GPU preflight failed, "
+                                     "device = auto) or after repeated GPU failures while "
+                                     "training", registry=r)
+        self.device_memory = Gauge("gated_device_memory_bytes", "GPU memory at start-up, by "
+                                   "kind: total, free, and the estimate of what this config "
+                                   "needs (all 0 on the CPU)", ["kind"], registry=r)
         self.config_reloads = Counter("gated_config_reloads", "Config reloads (file change "
                                       "or SIGHUP), by result", ["result"], registry=r)
         self.build = Info("gated_build", "gated version", registry=r)
@@ -147,6 +154,8 @@ class Metrics:
             self.predict_seconds.labels(op=op)
         for result in RELOAD_RESULTS:
             self.config_reloads.labels(result=result)
+        for kind in DEVICE_MEMORY_KINDS:
+            self.device_memory.labels(kind=kind).set(0)
         self.backend.info({"backend": "unknown", "device": "unknown", "reason": "starting"})
         self.build.info({"version": __version__})
 
@@ -204,6 +213,11 @@ class Metrics:
 
     def gpu_fallback(self) -> None:
         self.gpu_fallbacks.inc()
+
+    def set_device_memory(self, total: int, free: int, estimate: int) -> None:
+        """The GPU preflight's numbers, in bytes."""
+        for kind, n in (("total", total), ("free", free), ("estimate", estimate)):
+            self.device_memory.labels(kind=kind).set(n)
 
     def config_reload(self, ok: bool) -> None:
         self.config_reloads.labels(result="ok" if ok else "failed").inc()

@@ -25,7 +25,7 @@ from typing import Any
 
 from . import __version__, systemd
 from .config import Config, ConfigError, ConfigWatcher, Reloader, cli_overrides, load_config
-from .device import select_backend
+from .device import choose_backend, describe_preflight
 from .engine import ModelConfig
 from .metrics import Metrics
 from .protocol import FrameDecoder, ProtocolError, Request, error_reply, ok_reply, pack
@@ -63,6 +63,11 @@ class MetricsEvents(TrainerEvents):
 
     def on_checkpoint(self, ts: float) -> None:
         self.m.checkpointed(ts)
+
+    def on_gpu_fallback(self, reason: str) -> None:
+        self.m.gpu_fallback()
+        self.m.set_backend("numpy", "cpu", f"switched from the GPU after repeated failures "
+                           f"(last: {reason})")
 
 
 def weight_table(cfg: Config) -> WeightTable:
@@ -177,9 +182,16 @@ class Daemon:
         last = self.store.last_seq() if last_seq is None else last_seq
         return max(0, last - self.trainer.status.last_trained_seq)
 
+    def compute(self) -> tuple[str, str]:
+        """(backend, device) now: the CPU once the trainer has fallen back from the GPU."""
+        if self.backend != "numpy" and not self.trainer.on_gpu:
+            return "numpy", "cpu"
+        return self.backend, self.device
+
     def status(self) -> dict[str, Any]:
         t, w = self.trainer.status, self.trainer.window
         last_seq = self.store.last_seq()
+        backend, device = self.compute()
         return {
             "version": self.serving.current.version, "step": t.step,
             "last_trained_seq": t.last_trained_seq, "last_seq": last_seq,
@@ -188,7 +200,7 @@ class Daemon:
             "converged": self.trainer.converged(),
             "confusion": w.confusion(), "loss": t.last_loss, "lr": self.trainer.opt.lr,
             "rollbacks": t.rollbacks, "swaps": t.swaps, "last_checkpoint": t.last_checkpoint,
-            "backend": self.backend, "device": self.device, "preset": self.cfg.daemon.preset,
+            "backend": backend, "device": device, "preset": self.cfg.daemon.preset,
             "params": self.trainer.model.num_params, "uptime_s": time.time() - self.started,
             "gated_version": __version__, "config": self.cfg.to_dict()["train"],
         }
@@ -238,10 +250,21 @@ class Daemon:
         faulthandler.enable()
         cfg = self.cfg
         logging.getLogger().setLevel(cfg.daemon.log_level)
-        self.backend, self.device, reason = select_backend(cfg.daemon.device)
-        log.info("compute backend %s on %s (%s)", self.backend, self.device, reason)
-        self.metrics.set_backend(self.backend, self.device, reason)
         model_cfg = ModelConfig.preset(cfg.daemon.preset)
+        # The GPU preflight (memory check, kernel compile) runs before any weights exist.
+        choice = choose_backend(cfg.daemon.device, model_cfg, cfg.train)
+        self.backend, self.device = choice.backend, choice.device
+        if choice.preflight is not None:
+            pf = choice.preflight
+            if not choice.fell_back:
+                log.info("%s", describe_preflight(pf))
+            self.metrics.set_device_memory(pf["total_bytes"], pf["free_bytes"],
+                                           pf["estimate_bytes"])
+        if choice.fell_back:
+            self.metrics.gpu_fallback()
+        log.log(logging.WARNING if choice.fell_back else logging.INFO,
+                "compute backend %s on %s (%s)", self.backend, self.device, choice.reason)
+        self.metrics.set_backend(self.backend, self.device, choice.reason)
         Path(cfg.daemon.state_dir).mkdir(parents=True, exist_ok=True)
         self.store = Store(cfg.daemon.state_dir, replay_slots=cfg.train.replay_slots)
         self.events = MetricsEvents(self.metrics)

@@ -53,6 +53,18 @@ class Serving:
         self.current = snap
         return snap
 
+    def move_to(self, backend: str, flat=None) -> Snapshot:
+        """Rebuild the current snapshot on `backend` (the GPU -> CPU fallback), same
+        version and step. `flat` (host weights) replaces reading the current ones back,
+        for when the device they are on no longer answers. Later swaps use `backend`."""
+        snap = self.current
+        if flat is None:
+            flat = snap.model.ops.to_numpy(snap.model.flat)
+        new = Snapshot(snap.version, snap.step, Model.from_flat(self.cfg, flat, backend=backend))
+        self.backend = backend
+        self.current = new
+        return new
+
     def predict_many(self, items: Sequence[tuple[str, Sequence[str] | None]],
                      snapshot: Snapshot | None = None) -> tuple[np.ndarray, Snapshot]:
         snap = snapshot or self.current

@@ -8,6 +8,12 @@ number, so a restart re-trains exactly what came after the last checkpoint.
 Per step: take fresh signals, score each with the SERVING snapshot before training on it
 (progressive validation), mix in replayed examples, forward/backward/clip/AdamW on the
 trainer's own copy, roll back on NaN/Inf, swap every N steps or T seconds.
+
+On the GPU, a step that raises (a CUDA error, out of memory, a failed kernel launch) is
+rolled back like a diverged one and counted; after GPU_FAILURES_BEFORE_CPU failures in a
+row the trainer moves itself and the serving snapshot to the CPU, keeping the last good
+weights and optimiser state, and goes on training. On the CPU an exception is a bug and
+still surfaces (the thread dies, the daemon stops, systemd restarts it).
 """
 
 from __future__ import annotations
@@ -28,6 +34,12 @@ from .signals import context_fingerprint, training_example
 from .store import StoreError
 
 log = logging.getLogger("gated.trainer")
+
+#: Backends whose exceptions are treated as device failures (rolled back, counted, and
+#: after GPU_FAILURES_BEFORE_CPU in a row, a switch to the CPU).
+GPU_BACKENDS = frozenset({"cupy"})
+#: Consecutive GPU failures after which the trainer switches to the CPU.
+GPU_FAILURES_BEFORE_CPU = 3
 
 
 class AlignmentWindow:
@@ -80,10 +92,14 @@ class TrainerEvents:
     def on_swap(self, version: int) -> None: ...
     def on_rollback(self, reason: str) -> None: ...
     def on_checkpoint(self, ts: float) -> None: ...
+    def on_gpu_fallback(self, reason: str) -> None: ...
 
 
 @dataclass
 class _GoodState:
+    """The last published weights and their optimiser state, in HOST memory: a rollback
+    copies them back, and a GPU that no longer answers cannot take them with it."""
+
     flat: np.ndarray
     m: np.ndarray
     v: np.ndarray
@@ -109,22 +125,13 @@ class Trainer(threading.Thread):
                  opt_state: dict | None = None, ewc_state: dict | None = None,
                  events: TrainerEvents | None = None, seed: int = 0) -> None:
         super().__init__(name="gated-trainer", daemon=True)
-        self.store, self.serving, self.model = store, serving, model
+        self.store, self.serving = store, serving
         self.settings = settings
         self.events = events or TrainerEvents()
         self.rng = random.Random(seed ^ step)
-        self.opt = AdamW.for_model(model, lr=settings.lr, weight_decay=settings.weight_decay,
-                                   clip_norm=settings.clip_norm,
-                                   warmup_steps=settings.warmup_steps,
-                                   cosine_steps=settings.cosine_steps)
-        if opt_state is not None:
-            self.opt.load_state(opt_state["m"], opt_state["v"], opt_state["t"])
-        self.model.ewc = EWC(model.num_params, lam=settings.lambda_ewc,
-                             decay=settings.ewc_decay, xp=model.ops.xp, dtype=str(model.dtype))
-        if ewc_state:
-            self.model.ewc.fisher[...] = ewc_state["fisher"]
-            self.model.ewc.anchor[...] = ewc_state["anchor"]
-            self.model.ewc.consolidated = bool(np.asarray(ewc_state["consolidated"])[0])
+        self._install(model, opt_state, ewc_state)
+        self.gpu_failures_before_cpu = GPU_FAILURES_BEFORE_CPU
+        self._gpu_failures = 0  # consecutive
         self.window = AlignmentWindow(settings.alignment_window)
         self.status = TrainerStatus(step=step, version=version, last_trained_seq=last_trained_seq)
         self._wake = threading.Event()
@@ -140,6 +147,29 @@ class Trainer(threading.Thread):
         self._steps_since_swap = 0
         self._last_ckpt_step = step
         self.apply_settings(settings)
+
+    def _install(self, model: Model, opt_state: dict | None, ewc_state: dict | None) -> None:
+        """Take `model` as the training model, with a fresh AdamW and EWC on its backend,
+        loaded from `opt_state` / `ewc_state` (host or device arrays) when given."""
+        s = self.settings
+        self.model = model
+        self.opt = AdamW.for_model(model, lr=s.lr, weight_decay=s.weight_decay,
+                                   clip_norm=s.clip_norm, warmup_steps=s.warmup_steps,
+                                   cosine_steps=s.cosine_steps)
+        if opt_state is not None:
+            self.opt.load_state(opt_state["m"], opt_state["v"], opt_state["t"])
+        xp = model.ops.xp
+        model.ewc = EWC(model.num_params, lam=s.lambda_ewc, decay=s.ewc_decay, xp=xp,
+                        dtype=str(model.dtype))
+        if ewc_state:
+            model.ewc.fisher[...] = xp.asarray(ewc_state["fisher"])
+            model.ewc.anchor[...] = xp.asarray(ewc_state["anchor"])
+            model.ewc.consolidated = bool(np.asarray(ewc_state["consolidated"])[0])
+
+    @property
+    def on_gpu(self) -> bool:
+        """True while the training model runs on a GPU backend."""
+        return getattr(self.model.ops, "name", "numpy") in GPU_BACKENDS
 
     # --- control from other threads --------------------------------------------------------
     def wake(self) -> None:
@@ -195,6 +225,12 @@ class Trainer(threading.Thread):
                           "limit.", e, backoff)
                 if self._stop_event.wait(backoff):
                     return
+            except Exception as e:
+                # Outside a step (scoring on the serving snapshot, a swap, a checkpoint's
+                # read-back) a GPU failure is handled like one inside it; on the CPU an
+                # exception is a bug and ends the thread as before.
+                if not self._gpu_error(e, "training (outside a step)"):
+                    raise
 
     def _loop_once_until_error(self) -> None:
         last_idle_step = 0.0
@@ -288,10 +324,19 @@ class Trainer(threading.Thread):
     def report_alignment(self) -> None:
         self.events.on_scored(self.window, self.converged())
 
-    def _step(self, examples: list[dict]) -> dict:
+    def _step(self, examples: list[dict]) -> dict | None:
         t0 = time.perf_counter()
-        info = train_step(self.model, self.opt, build_batch(examples, self.model.cfg))
-        finite = bool(info["finite"]) and self.model.ops.all_finite(self.model.flat)
+        batch = build_batch(examples, self.model.cfg)
+        try:
+            info = train_step(self.model, self.opt, batch)
+            finite = bool(info["finite"]) and self.model.ops.all_finite(self.model.flat)
+        except Exception as e:
+            # The examples are not retried: the fresh ones are in the replay reservoir,
+            # as after a non-finite step.
+            if not self._gpu_error(e, "a training step"):
+                raise
+            return None
+        self._gpu_failures = 0
         if not finite:
             self._rollback("non-finite loss, gradient or weights")
             return info
@@ -304,17 +349,26 @@ class Trainer(threading.Thread):
         return info
 
     # --- swap, rollback, checkpoint ------------------------------------------------------------
-    def _capture(self) -> _GoodState:
-        xp = self.model.ops.xp
-        return _GoodState(xp.array(self.model.flat, copy=True), xp.array(self.opt.m, copy=True),
-                          xp.array(self.opt.v, copy=True), self.opt.t)
+    def _host_copy(self, a) -> np.ndarray:
+        """A host array with the values of `a` that does not alias it."""
+        host = self.model.ops.to_numpy(a)
+        return np.array(host, copy=True) if isinstance(a, np.ndarray) else host
+
+    def _capture(self, flat: np.ndarray | None = None) -> _GoodState:
+        """The current weights and optimiser state, copied to host memory (`flat`: a host
+        copy of the weights already made)."""
+        return _GoodState(self._host_copy(self.model.flat) if flat is None else flat,
+                          self._host_copy(self.opt.m), self._host_copy(self.opt.v), self.opt.t)
 
     def _rollback(self, why: str) -> None:
-        g = self._good
-        self.model.flat[...] = g.flat
-        self.opt.m[...] = g.m
-        self.opt.v[...] = g.v
+        g, xp = self._good, self.model.ops.xp
+        self.model.flat[...] = xp.asarray(g.flat)
+        self.opt.m[...] = xp.asarray(g.m)
+        self.opt.v[...] = xp.asarray(g.v)
         self.opt.t = g.t
+        self._count_rollback(why)
+
+    def _count_rollback(self, why: str) -> None:
         self.status.rollbacks += 1
         log.warning("training step rolled back (%s): weights and optimiser state restored to "
                     "published version %d; nothing non-finite was published", why,
@@ -334,17 +388,81 @@ class Trainer(threading.Thread):
             return False
         version = self.status.version + 1
         self.serving.swap(self.model.flat, version, self.status.step)
-        self.store.publish(version, self.model.ops.to_numpy(self.model.flat),
-                           step=self.status.step)
+        host = self._host_copy(self.model.flat)
+        self.store.publish(version, host, step=self.status.step)
         self.status.version = version
         self.status.swaps += 1
-        self._good = self._capture()
+        self._good = self._capture(flat=host)
         if self.model.ewc.lam > 0:
             self.model.ewc.consolidate(self.model.flat)
         self._steps_since_swap = 0
         self._last_swap_time = time.monotonic()
         self.events.on_swap(version)
         return True
+
+    # --- GPU failures ------------------------------------------------------------------------
+    def _gpu_error(self, e: Exception, where: str) -> bool:
+        """Handle an exception raised while training on the GPU: roll back, count, and
+        after `gpu_failures_before_cpu` in a row switch to the CPU. Returns False (the
+        caller re-raises) on the CPU and for store errors, which are not the GPU's."""
+        if not self.on_gpu or isinstance(e, StoreError):
+            return False
+        self._gpu_failures += 1
+        reason = f"{type(e).__name__}: {e}"
+        log.warning("GPU error during %s (%d in a row; the CPU takes over at %d): %s", where,
+                    self._gpu_failures, self.gpu_failures_before_cpu, reason, exc_info=e)
+        if self._gpu_failures >= self.gpu_failures_before_cpu:
+            self._switch_to_cpu(reason)
+            return True
+        try:
+            self._rollback(f"GPU error: {reason}")
+        except Exception as e2:  # noqa: BLE001 - the device cannot even copy memory back
+            log.warning("restoring the last good state on the GPU failed too (%s: %s); not "
+                        "retrying on it", type(e2).__name__, e2)
+            self._switch_to_cpu(f"{reason}; restoring on the GPU then failed with "
+                                f"{type(e2).__name__}: {e2}")
+        return True
+
+    def _switch_to_cpu(self, reason: str) -> None:
+        """Rebuild the model, AdamW and EWC on NumPy from the last good (host) state, move
+        the serving snapshot to the CPU, tell the operator, and go on training."""
+        old, g = self.model, self._good
+        n = self._gpu_failures
+        ewc_state = None
+        if old.ewc is not None and old.ewc.consolidated:
+            try:
+                ewc_state = {k: old.ops.to_numpy(a) for k, a in old.ewc.state().items()}
+            except Exception as e:  # noqa: BLE001 - the GPU may no longer answer
+                log.warning("the EWC state could not be read back from the GPU (%s); EWC "
+                            "starts over on the CPU", e)
+        model = Model.from_flat(old.cfg, g.flat, backend="numpy", dtype=str(old.dtype))
+        self._install(model, {"m": g.m, "v": g.v, "t": g.t}, ewc_state)
+        self.apply_settings(self.settings)
+        self._move_serving_to_cpu()
+        self._good = self._capture()
+        self._steps_since_swap = 0  # the weights are the last published ones again
+        self._gpu_failures = 0
+        self._count_rollback(f"GPU error: {reason}")
+        log.error("GPU training failed %d %s in a row (last error: %s); switched to the "
+                  "CPU; weights and optimizer state kept; check the GPU (nvidia-smi) and "
+                  "restart to use it again", n, "time" if n == 1 else "times", reason)
+        self.events.on_gpu_fallback(reason)
+
+    def _move_serving_to_cpu(self) -> None:
+        try:
+            self.serving.move_to("numpy")
+            return
+        except Exception as e:  # noqa: BLE001 - the GPU may no longer answer
+            log.warning("reading the serving weights back from the GPU failed (%s: %s); "
+                        "serving the last published weights", type(e).__name__, e)
+        flat = self._good.flat
+        try:
+            published = self.store.load_published()
+            if published is not None and published[0] == self.serving.current.version:
+                flat = published[1]
+        except Exception as e:  # noqa: BLE001 - fall back to the trainer's good state
+            log.warning("reading the published weights from the store failed (%s)", e)
+        self.serving.move_to("numpy", flat=flat)
 
     def checkpoint(self) -> None:
         to_np = self.model.ops.to_numpy

@@ -48,14 +48,17 @@ class DaemonProc:
 
 def start(tmp: Path, *, config: Path | None = None, extra: list[str] | None = None,
           env: dict | None = None, pass_fds: tuple = (), sock: Path | None = None,
-          wait: bool = True, state_dir: Path | None = None) -> DaemonProc:
+          wait: bool = True, state_dir: Path | None = None,
+          launcher: list[str] | None = None) -> DaemonProc:
+    """`launcher` replaces `python -m gated.cli` (e.g. a script that patches a stand-in in
+    first, then calls gated.cli.main)."""
     state_dir = state_dir or tmp / "state"
     sock = sock or tmp / "gated.sock"
     port = free_port()
     log_path = tmp / f"daemon-{time.monotonic_ns()}.log"
-    cmd = [sys.executable, "-m", "gated.cli", "run", "--state-dir", str(state_dir),
-           "--socket", str(sock), "--metrics-addr", f"127.0.0.1:{port}", "--preset", "tiny",
-           "--device", "cpu"]
+    cmd = [*(launcher or [sys.executable, "-m", "gated.cli"]), "run",
+           "--state-dir", str(state_dir), "--socket", str(sock),
+           "--metrics-addr", f"127.0.0.1:{port}", "--preset", "tiny", "--device", "cpu"]
     if config:
         cmd += ["--config", str(config)]
     cmd += extra or []

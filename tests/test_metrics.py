@@ -68,6 +68,8 @@ def test_every_documented_series_is_scraped(served):
     assert {lab["reason"] for lab, _ in got["gated_signals_rejected_total"]} == \
         set(REJECT_REASONS)
     assert {lab["result"] for lab, _ in got["gated_config_reloads_total"]} == {"ok", "failed"}
+    assert {lab["kind"] for lab, _ in got["gated_device_memory_bytes"]} == \
+        {"total", "free", "estimate"}
     assert value(got, "gated_backend_info", reason="starting") == 1.0
     assert all(name.startswith("gated_") for name in SERIES)
     assert "process_resident_memory_bytes" in got
@@ -89,6 +91,7 @@ def test_updates_show_in_the_scrape(served):
     m.checkpointed(1_700_000_000.5)
     m.set_backend("numpy", "cpu", "device=auto: CuPy is not installed")
     m.gpu_fallback()
+    m.set_device_memory(80 << 30, 70 << 30, 1 << 30)
     m.config_reload(True)
     m.config_reload(False)
     got = scrape(srv.url)
@@ -118,6 +121,9 @@ def test_updates_show_in_the_scrape(served):
     assert value(got, "gated_checkpoint_timestamp_seconds") == 1_700_000_000.5
     assert value(got, "gated_backend_info", backend="numpy", device="cpu") == 1
     assert value(got, "gated_gpu_fallbacks_total") == 1
+    assert value(got, "gated_device_memory_bytes", kind="total") == 80 << 30
+    assert value(got, "gated_device_memory_bytes", kind="free") == 70 << 30
+    assert value(got, "gated_device_memory_bytes", kind="estimate") == 1 << 30
     assert value(got, "gated_config_reloads_total", result="ok") == 1
     assert value(got, "gated_config_reloads_total", result="failed") == 1
 
