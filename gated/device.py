@@ -1,7 +1,6 @@
 """Choosing the compute backend: `device = "auto" | "cpu" | "cuda"`, and the GPU preflight.
 
-"auto" takes the GPU when CuPy imports, a CUDA device exists and the CuPy backend of the
-engine is present; otherwise the CPU, and the reason is logged and exported, so an
+"auto" takes the GPU when CuPy imports and a CUDA device exists; otherwise the CPU, and the reason is logged and exported, so an
 operator can tell "no GPU" from "CuPy missing" from "driver broken".
 
 Before any weights go to the GPU, :func:`gpu_preflight` checks that the configuration
@@ -36,9 +35,8 @@ RUNTIME_OVERHEAD_BYTES = 64 * MiB
 def cuda_status() -> tuple[bool, str]:
     """(usable, why) for the CuPy backend on this machine."""
     if importlib.util.find_spec("cupy") is None:
-        return False, "CuPy is not installed (pip install 'gated[gpu]')"
-    if importlib.util.find_spec("gated.engine.ops_cupy") is None:
-        return False, "this build of gated has no CuPy backend yet"
+        return False, ("CuPy is not installed (pip install 'gated[gpu]' on CUDA 12 hosts, "
+                       "'gated[gpu-cuda13]' on CUDA 13)")
     try:
         import cupy
 
