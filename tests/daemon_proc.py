@@ -14,6 +14,17 @@ from pathlib import Path
 from gated.client import Client
 from gated.demo import free_port
 
+#: A config that trains, swaps and checkpoints quickly (daemon tests).
+FAST = """
+[train]
+lr = 0.003
+batch_size = 16
+swap_every_steps = 2
+swap_every_seconds = 0.5
+checkpoint_every_steps = 5
+idle_steps_per_second = 5.0
+"""
+
 
 @dataclass
 class DaemonProc:

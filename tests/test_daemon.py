@@ -8,23 +8,13 @@ import time
 
 import msgpack
 import pytest
-from daemon_proc import start, wait_until
+from daemon_proc import FAST, start, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
 from gated.engine import Model, ModelConfig, source_batch
 from gated.metrics import SERIES
 from gated.store import load_published
 from gated.synthetic import SyntheticGateway
-
-FAST = """
-[train]
-lr = 0.003
-batch_size = 16
-swap_every_steps = 2
-swap_every_seconds = 0.5
-checkpoint_every_steps = 5
-idle_steps_per_second = 5.0
-"""
 
 # Every series docs/operations.md documents (gated.metrics.SERIES is checked against it).
 DOCUMENTED_SERIES = sorted(SERIES)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from daemon_proc import start, wait_until
+from daemon_proc import FAST, start, wait_until
 from gpu_standin import FakeKernels, FakeRuntime, StandInCudaError, StandInGpuOps, install
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -355,15 +355,6 @@ def test_serving_failures_in_the_trainer_thread_fall_back_instead_of_crashing(tm
 
 # --- end to end: a real `gated run` on the stand-in GPU, a real socket, a real scrape --------
 
-FAST = """
-[train]
-lr = 0.003
-batch_size = 16
-swap_every_steps = 2
-swap_every_seconds = 0.5
-checkpoint_every_steps = 5
-idle_steps_per_second = 5.0
-"""
 
 
 def _scrape(d) -> dict[str, list]:
