@@ -1,7 +1,8 @@
 """Choosing the compute backend: `device = "auto" | "cpu" | "cuda"`, and the GPU preflight.
 
-"auto" takes the GPU when CuPy imports and a CUDA device exists; otherwise the CPU, and the reason is logged and exported, so an
-operator can tell "no GPU" from "CuPy missing" from "driver broken".
+"auto" takes the GPU when CuPy imports and a CUDA device exists; otherwise the CPU, and
+the reason is logged and exported, so an operator can tell "no GPU" from "CuPy missing"
+from "driver broken".
 
 Before any weights go to the GPU, :func:`gpu_preflight` checks that the configuration
 fits in the device's free memory (:func:`estimate_training_bytes`) and compiles every

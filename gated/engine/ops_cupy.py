@@ -8,8 +8,6 @@ at the first training step, and so that no step pays a compile.
 
 from __future__ import annotations
 
-import time
-
 import cupy
 import numpy as np
 
@@ -57,9 +55,3 @@ class CupyOps(KernelOps):
     def synchronize() -> None:
         cupy.cuda.get_current_stream().synchronize()
 
-
-def warmup_seconds() -> tuple[int, float]:
-    """(kernels compiled, seconds): what start-up reports."""
-    t0 = time.perf_counter()
-    n = CupyOps().warmup()
-    return n, time.perf_counter() - t0
