@@ -156,7 +156,10 @@ class Model:
         bce, dz = ops.bce_with_logits(z, label, weight, self.lambda_bce)
 
         tgt_mask = (tgt_out != PAD).astype(self.dtype).reshape(-1)
-        has_targets = bool(tgt_mask.sum() > 0)
+        # Counted on the host copy of the batch: on a GPU, reading a device sum back here
+        # would stall the queue in the middle of the forward pass.
+        n_targets = int(np.count_nonzero(self.ops.to_numpy(batch["tgt_out"]) != PAD))
+        has_targets = n_targets > 0
         ce, dlogits = 0.0, None
         if has_targets:
             # Without target tokens the decoder adds nothing to the loss or any gradient,
@@ -164,7 +167,7 @@ class Model:
             logits, dec_cache = self.decode_logits(tgt_in, enc, src_keep)
             targets = xp.where(tgt_out == PAD, 0, tgt_out).reshape(-1)
             ce, dlogits, _ = ops.cross_entropy(logits.reshape(-1, cfg.vocab_size), targets,
-                                               tgt_mask, self.lambda_ce)
+                                               tgt_mask, self.lambda_ce, count=n_targets)
         parts = {"bce": bce, "ce": ce}
         total = self.lambda_bce * bce + self.lambda_ce * ce
         if self.ewc is not None and self.ewc.lam > 0:

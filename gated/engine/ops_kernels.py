@@ -132,11 +132,11 @@ class KernelOps(NumpyOps):
         return ds
 
     # --- losses --------------------------------------------------------------------------
-    def cross_entropy(self, logits, targets, mask, scale: float):
+    def cross_entropy(self, logits, targets, mask, scale: float, count: float | None = None):
         """Like NumpyOps.cross_entropy, but `logits` is CONSUMED: it becomes dlogits."""
         logits, mask = self._c(logits), self._c(mask)
         n, v = logits.shape
-        count = float(mask.sum())
+        count = float(mask.sum()) if count is None else float(count)
         denom = max(1.0, count)
         row_loss = self.xp.empty(n, dtype=np.float32)
         self._launch("cross_entropy", n, row_block(v),

@@ -107,12 +107,13 @@ class NumpyOps:
         return ds
 
     # --- losses ----------------------------------------------------------------------
-    def cross_entropy(self, logits, targets, mask, scale: float):
+    def cross_entropy(self, logits, targets, mask, scale: float, count: float | None = None):
         """Masked token-mean CE and its gradient (already multiplied by `scale`).
 
-        logits [N, V], targets [N] int, mask [N] float. Returns (loss, dlogits, count).
+        logits [N, V], targets [N] int, mask [N] float (0/1). Returns (loss, dlogits, count).
+        `count` = mask.sum() when the caller already knows it (saves a GPU read-back).
         """
-        count = float(mask.sum())
+        count = float(mask.sum()) if count is None else float(count)
         denom = max(1.0, count)
         m = logits.max(axis=-1, keepdims=True)
         e = np.exp(logits - m)
