@@ -351,3 +351,31 @@ def test_kernels_train_like_numpy_over_many_steps(ops):
         klosses.append(train_step(kern, opt_k, batch)["loss"])
     np.testing.assert_allclose(klosses, losses, rtol=1e-5)
     assert losses[-1] < 0.5 * losses[0], losses
+
+
+def test_reserve_runs_the_largest_step_and_changes_nothing(ops):
+    cfg = ModelConfig.tiny()
+    _, kern = _pair(cfg, ops)
+    before = _host(ops, kern.flat).copy()
+    kern.reserve(batch_size=4)  # 4 x max_seq_len source and target tokens
+    np.testing.assert_array_equal(_host(ops, kern.flat), before)
+    assert not _host(ops, kern.grad_flat).any()
+
+
+@pytest.mark.gpu
+def test_after_reserve_smaller_steps_take_no_new_device_memory():
+    ops = _cupy_ops()
+    import cupy
+
+    cfg = ModelConfig.preset("flint")
+    model = Model(cfg, cupy.asarray(init_flat(param_layout(cfg), 0), dtype=np.float32), ops,
+                  "float32")
+    opt = AdamW.for_model(model, lr=1e-3)
+    model.reserve(batch_size=16)
+    pool = cupy.get_default_memory_pool()
+    reserved = pool.total_bytes()
+    for n in (16, 3, 11, 16):  # batches of other shapes, all within the reserved one
+        model.loss_parts_and_grads(build_batch(_examples(n, np.random.default_rng(n)), cfg))
+        opt.step(model.flat, model.grad_flat)
+    ops.synchronize()
+    assert pool.total_bytes() == reserved

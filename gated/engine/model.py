@@ -198,6 +198,29 @@ class Model:
             self.ewc.add_grad(self.flat, self.grad_flat)
         return total, parts, None
 
+    def reserve(self, batch_size: int, src_len: int | None = None,
+                tgt_len: int | None = None) -> None:
+        """One forward + backward on a batch of the largest shape the config allows, then
+        the gradient is zeroed again; the weights are not touched.
+
+        On the GPU this makes the memory pool hold every buffer a step of that size needs,
+        so the steady state allocates nothing new from the device (smaller batches reuse
+        the blocks), and a configuration that does not fit fails here, at start-up, with
+        an out-of-memory error, instead of at the first long batch.
+        """
+        s = src_len or self.cfg.max_seq_len
+        t = tgt_len or self.cfg.max_seq_len
+        tok = np.full((batch_size, max(s, t)), ord("a"), dtype=np.int64)
+        batch = {"src": tok[:, :s], "tgt_in": tok[:, :t].copy(), "tgt_out": tok[:, :t],
+                 "label": np.ones(batch_size), "weight": np.ones(batch_size)}
+        batch["tgt_in"][:, 0] = BOS
+        ewc, self.ewc = self.ewc, None
+        try:
+            self.loss_and_grads(batch)
+        finally:
+            self.ewc = ewc
+            self.grad_flat[...] = 0
+
     # --- serving -----------------------------------------------------------------------------
     def predict_proba(self, src) -> np.ndarray:
         """p_allow = sigmoid(gate logit) for PAD-padded sources [B, S] (encoder only)."""
