@@ -203,6 +203,7 @@ def gpu_preflight(model_cfg: ModelConfig, train_cfg: Any, *, runtime: Any = None
             f"parameters) but GPU {device_id} ({name}) has {_gib(free)} free of "
             f"{_gib(total)}; lower train.batch_size, use a smaller preset, free the GPU "
             "(nvidia-smi shows what else uses it), or set device = \"cpu\"", info)
+    real_gpu = ops_factory is None
     if ops_factory is None:
         from .engine.ops_cupy import CupyOps
 
@@ -210,7 +211,29 @@ def gpu_preflight(model_cfg: ModelConfig, train_cfg: Any, *, runtime: Any = None
     t0 = time.perf_counter()
     info["kernels"] = int(ops_factory().warmup())
     info["compile_seconds"] = time.perf_counter() - t0
+    if real_gpu:
+        info["reserved_bytes"] = reserve_training_memory(model_cfg, batch)
     return info
+
+
+def reserve_training_memory(model_cfg: ModelConfig, batch_size: int) -> int:
+    """A throwaway model runs one dry step of the largest batch on the GPU (Model.reserve);
+    returns the bytes CuPy's pool then holds. The pool keeps those blocks for the real
+    model, so training never asks the device for more in the steady state, and a config
+    whose real footprint does not fit fails here (out of memory), not at a long batch."""
+    import cupy
+
+    from .engine import Model
+
+    pool = cupy.get_default_memory_pool()
+    try:
+        model = Model.init(model_cfg, seed=0, backend="cupy")
+        model.reserve(batch_size)
+        del model
+        return int(pool.total_bytes())
+    except BaseException:
+        pool.free_all_blocks()
+        raise
 
 
 def describe_preflight(info: dict[str, Any]) -> str:
@@ -219,7 +242,9 @@ def describe_preflight(info: dict[str, Any]) -> str:
             f"total, {_gib(info['free_bytes'])} free; this config needs about "
             f"{_gib(info['estimate_bytes'])} (batch_size {info['batch_size']}, sequences up "
             f"to {info['seq_len']} tokens); {info['kernels']} kernels compiled in "
-            f"{info['compile_seconds']:.2f}s")
+            f"{info['compile_seconds']:.2f}s"
+            + (f"; a dry step of that size holds {_gib(info['reserved_bytes'])}"
+               if "reserved_bytes" in info else ""))
 
 
 @dataclass

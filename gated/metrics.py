@@ -34,7 +34,7 @@ CONFUSION_CELLS = ("tp", "fp", "tn", "fn")
 REJECT_REASONS = (*ERROR_CODES, "other")
 PREDICT_OPS = ("predict", "explain")
 RELOAD_RESULTS = ("ok", "failed")
-DEVICE_MEMORY_KINDS = ("total", "free", "estimate")
+DEVICE_MEMORY_KINDS = ("total", "free", "estimate", "reserved")
 
 #: Every series a scrape exposes, with its type: sample names as in the text format
 #: (counters end in ``_total``, infos in ``_info``; a histogram's name is the stem of its
@@ -140,8 +140,9 @@ class Metrics:
                                      "device = auto) or after repeated GPU failures while "
                                      "training", registry=r)
         self.device_memory = Gauge("gated_device_memory_bytes", "GPU memory at start-up, by "
-                                   "kind: total, free, and the estimate of what this config "
-                                   "needs (all 0 on the CPU)", ["kind"], registry=r)
+                                   "kind: total, free, the estimate of what this config "
+                                   "needs, and what a dry step of it reserved (all 0 on the "
+                                   "CPU)", ["kind"], registry=r)
         self.config_reloads = Counter("gated_config_reloads", "Config reloads (file change "
                                       "or SIGHUP), by result", ["result"], registry=r)
         self.build = Info("gated_build", "gated version", registry=r)
@@ -214,9 +215,12 @@ class Metrics:
     def gpu_fallback(self) -> None:
         self.gpu_fallbacks.inc()
 
-    def set_device_memory(self, total: int, free: int, estimate: int) -> None:
-        """The GPU preflight's numbers, in bytes."""
-        for kind, n in (("total", total), ("free", free), ("estimate", estimate)):
+    def set_device_memory(self, total: int, free: int, estimate: int,
+                          reserved: int = 0) -> None:
+        """The GPU preflight's numbers, in bytes (reserved: what a dry step of the largest
+        batch really took, 0 when it did not run)."""
+        for kind, n in (("total", total), ("free", free), ("estimate", estimate),
+                        ("reserved", reserved)):
             self.device_memory.labels(kind=kind).set(n)
 
     def config_reload(self, ok: bool) -> None:

@@ -259,7 +259,7 @@ class Daemon:
             if not choice.fell_back:
                 log.info("%s", describe_preflight(pf))
             self.metrics.set_device_memory(pf["total_bytes"], pf["free_bytes"],
-                                           pf["estimate_bytes"])
+                                           pf["estimate_bytes"], pf.get("reserved_bytes", 0))
         if choice.fell_back:
             self.metrics.gpu_fallback()
         log.log(logging.WARNING if choice.fell_back else logging.INFO,

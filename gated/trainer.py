@@ -517,11 +517,6 @@ def build_trainer(store, model_cfg: ModelConfig, settings: TrainConfig, *, seed:
         opt_state = {"m": ckpt.m, "v": ckpt.v, "t": int(extra.get("opt_t", ckpt.step))}
         ewc_state = ckpt.ewc
         window = extra.get("window") or []
-    if model.ops.name in GPU_BACKENDS:
-        t0 = time.perf_counter()
-        model.reserve(settings.batch_size)
-        log.info("GPU memory reserved for the largest batch (%d x %d tokens) in %.2fs",
-                 settings.batch_size, model_cfg.max_seq_len, time.perf_counter() - t0)
     published = store.load_published() if not reinit else None
     if published is not None and published[0] >= version:
         version, serve_flat = published[0], published[1]

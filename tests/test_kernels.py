@@ -379,3 +379,15 @@ def test_after_reserve_smaller_steps_take_no_new_device_memory():
         opt.step(model.flat, model.grad_flat)
     ops.synchronize()
     assert pool.total_bytes() == reserved
+
+
+@pytest.mark.gpu
+def test_start_up_estimate_covers_what_a_dry_step_really_takes():
+    """The preflight's estimate must not be below the real footprint it guards."""
+    _cupy_ops()
+    from gated.device import estimate_training_bytes, reserve_training_memory
+
+    cfg = ModelConfig.preset("flint")
+    reserved = reserve_training_memory(cfg, 16)
+    estimate = estimate_training_bytes(cfg, 16, cfg.max_seq_len, cfg.max_seq_len)
+    assert 0 < reserved <= estimate, (reserved, estimate)

@@ -69,7 +69,7 @@ def test_every_documented_series_is_scraped(served):
         set(REJECT_REASONS)
     assert {lab["result"] for lab, _ in got["gated_config_reloads_total"]} == {"ok", "failed"}
     assert {lab["kind"] for lab, _ in got["gated_device_memory_bytes"]} == \
-        {"total", "free", "estimate"}
+        {"total", "free", "estimate", "reserved"}
     assert value(got, "gated_backend_info", reason="starting") == 1.0
     assert all(name.startswith("gated_") for name in SERIES)
     assert "process_resident_memory_bytes" in got
@@ -91,7 +91,7 @@ def test_updates_show_in_the_scrape(served):
     m.checkpointed(1_700_000_000.5)
     m.set_backend("numpy", "cpu", "device=auto: CuPy is not installed")
     m.gpu_fallback()
-    m.set_device_memory(80 << 30, 70 << 30, 1 << 30)
+    m.set_device_memory(80 << 30, 70 << 30, 1 << 30, 3 << 29)
     m.config_reload(True)
     m.config_reload(False)
     got = scrape(srv.url)
@@ -124,6 +124,7 @@ def test_updates_show_in_the_scrape(served):
     assert value(got, "gated_device_memory_bytes", kind="total") == 80 << 30
     assert value(got, "gated_device_memory_bytes", kind="free") == 70 << 30
     assert value(got, "gated_device_memory_bytes", kind="estimate") == 1 << 30
+    assert value(got, "gated_device_memory_bytes", kind="reserved") == 3 << 29
     assert value(got, "gated_config_reloads_total", result="ok") == 1
     assert value(got, "gated_config_reloads_total", result="failed") == 1
 
