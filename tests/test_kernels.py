@@ -300,17 +300,21 @@ def test_predictions_fall_in_the_same_band(ops, preset):
 # --- GPU only: memory and the swap -----------------------------------------------------------
 
 
-@pytest.mark.gpu
-def test_steady_state_steps_take_no_new_device_memory():
-    """After warm-up, a step of the same shape is served entirely from CuPy's pool."""
+def _flint_on_gpu():
     ops = _cupy_ops()
     import cupy
 
     cfg = ModelConfig.preset("flint")
     model = Model(cfg, cupy.asarray(init_flat(param_layout(cfg), 0), dtype=np.float32), ops,
                   "float32")
-    opt = AdamW.for_model(model, lr=1e-3)
-    batch = build_batch(_examples(32, np.random.default_rng(2)), cfg)
+    return cupy, ops, model, AdamW.for_model(model, lr=1e-3)
+
+
+@pytest.mark.gpu
+def test_steady_state_steps_take_no_new_device_memory():
+    """After warm-up, a step of the same shape is served entirely from CuPy's pool."""
+    cupy, ops, model, opt = _flint_on_gpu()
+    batch = build_batch(_examples(32, np.random.default_rng(2)), model.cfg)
     pool = cupy.get_default_memory_pool()
     sizes = []
     for _ in range(6):
@@ -364,18 +368,13 @@ def test_reserve_runs_the_largest_step_and_changes_nothing(ops):
 
 @pytest.mark.gpu
 def test_after_reserve_smaller_steps_take_no_new_device_memory():
-    ops = _cupy_ops()
-    import cupy
-
-    cfg = ModelConfig.preset("flint")
-    model = Model(cfg, cupy.asarray(init_flat(param_layout(cfg), 0), dtype=np.float32), ops,
-                  "float32")
-    opt = AdamW.for_model(model, lr=1e-3)
+    cupy, ops, model, opt = _flint_on_gpu()
     model.reserve(batch_size=16)
     pool = cupy.get_default_memory_pool()
     reserved = pool.total_bytes()
     for n in (16, 3, 11, 16):  # batches of other shapes, all within the reserved one
-        model.loss_parts_and_grads(build_batch(_examples(n, np.random.default_rng(n)), cfg))
+        model.loss_parts_and_grads(build_batch(_examples(n, np.random.default_rng(n)),
+                                               model.cfg))
         opt.step(model.flat, model.grad_flat)
     ops.synchronize()
     assert pool.total_bytes() == reserved
