@@ -106,9 +106,6 @@ class EmuOps(KernelOps):
         self._barriers = kernels_with_barriers(source)
         self.launches: list[str] = []
 
-    def warmup(self) -> int:
-        return len(self._sigs)
-
     def _launch(self, kernel: str, grid: int, block: int, args: tuple) -> None:
         types = self._sigs[kernel]
         if len(args) != len(types):

@@ -65,9 +65,6 @@ class KernelOps(NumpyOps):
     def _i64(self, a):
         return self.xp.ascontiguousarray(a, dtype=np.int64)
 
-    def to_numpy(self, a) -> np.ndarray:
-        return np.asarray(a)
-
     # --- LayerNorm -----------------------------------------------------------------------
     def layernorm_fwd(self, x, g, b, eps: float):
         x = self._c(x)
@@ -151,10 +148,6 @@ class KernelOps(NumpyOps):
         self._launch("bce_with_logits", 1, row_block(n), (z, y, w, dz, out, i32(n), f32(scale)))
         return float(out[0]), dz
 
-    def sigmoid(self, z):
-        e = self.xp.exp(-self.xp.abs(z))
-        return self.xp.where(z >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
-
     # --- embedding and pooling -----------------------------------------------------------
     def embedding_bwd(self, d_emb, tokens, dx):
         dx = self._c(dx)
@@ -192,6 +185,3 @@ class KernelOps(NumpyOps):
                      (p, g, m, v, decay, i64(p.size), f32(lr * wd), f32(b1), f32(b2),
                       f32((1.0 - b1) * grad_scale), f32((1.0 - b2) * grad_scale * grad_scale),
                       f32(1.0 - b2**step), f32(eps), f32(lr / (1.0 - b1**step))))
-
-    def all_finite(self, a) -> bool:
-        return bool(self.xp.isfinite(a).all())

@@ -135,9 +135,10 @@ class NumpyOps:
         return loss, dz
 
     def sigmoid(self, z):
-        # Split by sign so exp never overflows.
-        e = np.exp(-np.abs(z))
-        return np.where(z >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+        # Split by sign so exp never overflows. On `self.xp`: the kernel backends use it too.
+        xp = self.xp
+        e = xp.exp(-xp.abs(z))
+        return xp.where(z >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
 
     # --- embedding and pooling -------------------------------------------------------
     def embedding_bwd(self, d_emb, tokens, dx):
@@ -195,4 +196,4 @@ class NumpyOps:
         return buf
 
     def all_finite(self, a) -> bool:
-        return bool(np.isfinite(a).all())
+        return bool(self.xp.isfinite(a).all())
