@@ -11,6 +11,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from gated.client import Client
 from gated.demo import free_port
 
@@ -106,3 +108,21 @@ def wait_until(pred, timeout: float = 60.0, what: str = "condition", interval: f
             return last
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+
+
+def metric_samples(text: str) -> dict[str, list]:
+    """sample name -> list of (labels, value), parsed by prometheus_client from a scrape."""
+    out: dict[str, list] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out.setdefault(s.name, []).append((s.labels, s.value))
+    return out
+
+
+def metric_value(samples, name, **labels):
+    """The value of the first sample of `name` whose labels include `labels`."""
+    for lab, v in samples[name]:
+        if all(lab.get(k) == want for k, want in labels.items()):
+            return v
+    raise KeyError(f"{name}{labels}")
+

@@ -7,7 +7,6 @@ import dataclasses
 import logging
 import os
 import re
-import socket
 import threading
 import time
 from pathlib import Path
@@ -250,18 +249,12 @@ def test_reloader_applies_refuses_and_keeps_last_good(tmp_path, caplog):
     assert reg.get_sample_value("gated_config_reloads_total", {"result": "failed"}) == 2
 
 
-def test_reload_notifies_systemd(tmp_path, monkeypatch):
-    sock_path = tmp_path / "notify"
-    sd = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    sd.bind(str(sock_path))
-    sd.settimeout(2)
-    monkeypatch.setenv("NOTIFY_SOCKET", str(sock_path))
+def test_reload_notifies_systemd(tmp_path, notify_socket):
     f = write(tmp_path / "g.toml", "")
     Reloader(f, None, Config(), lambda c, k: None, env={}).reload()
-    first = sd.recv(4096).decode()
+    first = notify_socket.recv(4096).decode()
     assert first.startswith("RELOADING=1\nMONOTONIC_USEC=")
-    assert sd.recv(4096) == b"READY=1"
-    sd.close()
+    assert notify_socket.recv(4096) == b"READY=1"
 
 
 # --- watching the file ------------------------------------------------------------------

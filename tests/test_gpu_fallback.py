@@ -16,9 +16,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from daemon_proc import FAST, start, wait_until
+from daemon_proc import FAST, metric_samples, metric_value, start, wait_until
 from gpu_standin import FakeKernels, FakeRuntime, StandInCudaError, StandInGpuOps, install
-from prometheus_client.parser import text_string_to_metric_families
 
 import gated.device as device
 from gated.config import TrainConfig
@@ -357,21 +356,6 @@ def test_serving_failures_in_the_trainer_thread_fall_back_instead_of_crashing(tm
 
 
 
-def _scrape(d) -> dict[str, list]:
-    out: dict[str, list] = {}
-    for fam in text_string_to_metric_families(d.scrape()):
-        for smp in fam.samples:
-            out.setdefault(smp.name, []).append((smp.labels, smp.value))
-    return out
-
-
-def _value(samples, name, **labels):
-    for lab, v in samples[name]:
-        if all(lab.get(k) == want for k, want in labels.items()):
-            return v
-    raise KeyError(f"{name}{labels}")
-
-
 def _signals(n: int, start: int = 0) -> list[dict]:
     return [{"context": f"bash cat notes/{start + i}.txt", "decision": "allow" if i % 4
              else "block"} for i in range(n)]
@@ -386,21 +370,21 @@ def test_daemon_switches_to_the_cpu_after_repeated_gpu_failures(tmp_path):
         with d.client() as c:
             st = c.status()
             assert (st["backend"], st["device"]) == ("cupy", "cuda:0 Stand-in GPU")
-            got = _scrape(d)
-            assert _value(got, "gated_backend_info", backend="cupy") == 1
-            assert _value(got, "gated_device_memory_bytes", kind="total") == 80 * GiB
-            assert _value(got, "gated_device_memory_bytes", kind="free") == 70 * GiB
-            assert _value(got, "gated_device_memory_bytes", kind="estimate") == \
+            got = metric_samples(d.scrape())
+            assert metric_value(got, "gated_backend_info", backend="cupy") == 1
+            assert metric_value(got, "gated_device_memory_bytes", kind="total") == 80 * GiB
+            assert metric_value(got, "gated_device_memory_bytes", kind="free") == 70 * GiB
+            assert metric_value(got, "gated_device_memory_bytes", kind="estimate") == \
                 device.estimate_training_bytes(ModelConfig.tiny(), 16, 32, 32)
-            assert _value(got, "gated_gpu_fallbacks_total") == 0
+            assert metric_value(got, "gated_gpu_fallbacks_total") == 0
             c.signals(_signals(200))
             st = wait_until(lambda: (s := c.status())["backend"] == "numpy" and s,
                             what="the switch to the CPU")
             assert st["device"] == "cpu" and st["rollbacks"] >= 3
-            got = _scrape(d)
-            assert _value(got, "gated_gpu_fallbacks_total") == 1
-            assert _value(got, "gated_rollbacks_total") >= 3
-            info = _value(got, "gated_backend_info", backend="numpy", device="cpu")
+            got = metric_samples(d.scrape())
+            assert metric_value(got, "gated_gpu_fallbacks_total") == 1
+            assert metric_value(got, "gated_rollbacks_total") >= 3
+            info = metric_value(got, "gated_backend_info", backend="numpy", device="cpu")
             assert info == 1
             reasons = [lab["reason"] for lab, _ in got["gated_backend_info"]]
             assert any("switched from the GPU" in r and "StandInCudaError" in r
@@ -412,7 +396,7 @@ def test_daemon_switches_to_the_cpu_after_repeated_gpu_failures(tmp_path):
                             and s["version"] > version + 1 and s, what="training on the CPU")
             assert st["last_trained_seq"] == 300 and st["backend"] == "numpy"
             assert 0.0 <= c.predict("bash cat notes/1.txt")["p_allow"] <= 1.0
-            assert _value(_scrape(d), "gated_gpu_fallbacks_total") == 1
+            assert metric_value(metric_samples(d.scrape()), "gated_gpu_fallbacks_total") == 1
         log = d.log()
         assert "GPU 0 Stand-in GPU 80GB: 80.00 GiB total, 70.00 GiB free" in log
         assert "13 kernels compiled" in log
@@ -431,13 +415,13 @@ def test_daemon_preflight_auto_uses_the_cpu_and_cuda_refuses_to_start(tmp_path):
         with d.client() as c:
             st = c.status()
             assert (st["backend"], st["device"]) == ("numpy", "cpu")
-        got = _scrape(d)
-        assert _value(got, "gated_gpu_fallbacks_total") == 1
+        got = metric_samples(d.scrape())
+        assert metric_value(got, "gated_gpu_fallbacks_total") == 1
         reason = [lab["reason"] for lab, _ in got["gated_backend_info"]][0]
         assert reason.startswith("device=auto: the GPU preflight failed: this configuration "
                                  "needs about")
         assert "8 MiB free of 16 MiB" in reason and "lower train.batch_size" in reason
-        assert _value(got, "gated_device_memory_bytes", kind="free") == 8 << 20
+        assert metric_value(got, "gated_device_memory_bytes", kind="free") == 8 << 20
         assert "WARNING gated: compute backend numpy on cpu (device=auto: the GPU preflight " \
             "failed" in d.log()
     finally:

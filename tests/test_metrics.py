@@ -8,7 +8,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
+from daemon_proc import metric_samples, metric_value
 
 from gated.metrics import (
     CONFUSION_CELLS,
@@ -28,18 +28,7 @@ def scrape(url: str) -> dict[str, list]:
     with urllib.request.urlopen(url, timeout=5) as resp:
         assert resp.status == 200
         text = resp.read().decode()
-    out: dict[str, list] = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            out.setdefault(s.name, []).append((s.labels, s.value))
-    return out
-
-
-def value(samples, name, **labels):
-    for lab, v in samples[name]:
-        if all(lab.get(k) == want for k, want in labels.items()):
-            return v
-    raise KeyError(f"{name}{labels}")
+    return metric_samples(text)
 
 
 @pytest.fixture
@@ -70,7 +59,7 @@ def test_every_documented_series_is_scraped(served):
     assert {lab["result"] for lab, _ in got["gated_config_reloads_total"]} == {"ok", "failed"}
     assert {lab["kind"] for lab, _ in got["gated_device_memory_bytes"]} == \
         {"total", "free", "estimate", "reserved"}
-    assert value(got, "gated_backend_info", reason="starting") == 1.0
+    assert metric_value(got, "gated_backend_info", reason="starting") == 1.0
     assert all(name.startswith("gated_") for name in SERIES)
     assert "process_resident_memory_bytes" in got
 
@@ -95,38 +84,39 @@ def test_updates_show_in_the_scrape(served):
     m.config_reload(True)
     m.config_reload(False)
     got = scrape(srv.url)
-    assert value(got, "gated_loss") == 0.6
-    assert value(got, "gated_loss_bce") == 0.4
-    assert value(got, "gated_loss_ce") == 0.4
-    assert value(got, "gated_grad_norm") == 2.5
-    assert value(got, "gated_learning_rate") == 1e-3
-    assert value(got, "gated_train_steps_total") == 2
-    assert value(got, "gated_step_duration_seconds_count") == 2
-    assert math.isclose(value(got, "gated_step_duration_seconds_sum"), 0.05)
-    assert value(got, "gated_alignment") == 0.96
-    assert value(got, "gated_alignment_window_signals") == 1000
-    assert value(got, "gated_converged") == 1
-    assert value(got, "gated_confusion", cell="fn") == 30
-    assert value(got, "gated_signals_scored_total") == 5
-    assert value(got, "gated_signals_received_total") == 10
-    assert value(got, "gated_signals_rejected_total", reason="wrong_type") == 1
-    assert value(got, "gated_signals_rejected_total", reason="other") == 2
-    assert value(got, "gated_predict_duration_seconds_count", op="predict") == 1
-    assert value(got, "gated_predict_duration_seconds_count", op="explain") == 1
-    assert value(got, "gated_predict_duration_seconds_bucket", op="predict", le="0.0005") == 1
-    assert value(got, "gated_queue_depth") == 17
-    assert value(got, "gated_weights_version") == 4
-    assert value(got, "gated_swaps_total") == 1
-    assert value(got, "gated_rollbacks_total") == 1
-    assert value(got, "gated_checkpoint_timestamp_seconds") == 1_700_000_000.5
-    assert value(got, "gated_backend_info", backend="numpy", device="cpu") == 1
-    assert value(got, "gated_gpu_fallbacks_total") == 1
-    assert value(got, "gated_device_memory_bytes", kind="total") == 80 << 30
-    assert value(got, "gated_device_memory_bytes", kind="free") == 70 << 30
-    assert value(got, "gated_device_memory_bytes", kind="estimate") == 1 << 30
-    assert value(got, "gated_device_memory_bytes", kind="reserved") == 3 << 29
-    assert value(got, "gated_config_reloads_total", result="ok") == 1
-    assert value(got, "gated_config_reloads_total", result="failed") == 1
+    assert metric_value(got, "gated_loss") == 0.6
+    assert metric_value(got, "gated_loss_bce") == 0.4
+    assert metric_value(got, "gated_loss_ce") == 0.4
+    assert metric_value(got, "gated_grad_norm") == 2.5
+    assert metric_value(got, "gated_learning_rate") == 1e-3
+    assert metric_value(got, "gated_train_steps_total") == 2
+    assert metric_value(got, "gated_step_duration_seconds_count") == 2
+    assert math.isclose(metric_value(got, "gated_step_duration_seconds_sum"), 0.05)
+    assert metric_value(got, "gated_alignment") == 0.96
+    assert metric_value(got, "gated_alignment_window_signals") == 1000
+    assert metric_value(got, "gated_converged") == 1
+    assert metric_value(got, "gated_confusion", cell="fn") == 30
+    assert metric_value(got, "gated_signals_scored_total") == 5
+    assert metric_value(got, "gated_signals_received_total") == 10
+    assert metric_value(got, "gated_signals_rejected_total", reason="wrong_type") == 1
+    assert metric_value(got, "gated_signals_rejected_total", reason="other") == 2
+    assert metric_value(got, "gated_predict_duration_seconds_count", op="predict") == 1
+    assert metric_value(got, "gated_predict_duration_seconds_count", op="explain") == 1
+    assert metric_value(got, "gated_predict_duration_seconds_bucket", op="predict",
+                        le="0.0005") == 1
+    assert metric_value(got, "gated_queue_depth") == 17
+    assert metric_value(got, "gated_weights_version") == 4
+    assert metric_value(got, "gated_swaps_total") == 1
+    assert metric_value(got, "gated_rollbacks_total") == 1
+    assert metric_value(got, "gated_checkpoint_timestamp_seconds") == 1_700_000_000.5
+    assert metric_value(got, "gated_backend_info", backend="numpy", device="cpu") == 1
+    assert metric_value(got, "gated_gpu_fallbacks_total") == 1
+    assert metric_value(got, "gated_device_memory_bytes", kind="total") == 80 << 30
+    assert metric_value(got, "gated_device_memory_bytes", kind="free") == 70 << 30
+    assert metric_value(got, "gated_device_memory_bytes", kind="estimate") == 1 << 30
+    assert metric_value(got, "gated_device_memory_bytes", kind="reserved") == 3 << 29
+    assert metric_value(got, "gated_config_reloads_total", result="ok") == 1
+    assert metric_value(got, "gated_config_reloads_total", result="failed") == 1
 
 
 def test_many_registries_coexist():

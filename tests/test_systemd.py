@@ -31,18 +31,6 @@ SYSUSERS = shutil.which("systemd-sysusers")
 needs_analyze = pytest.mark.skipif(ANALYZE is None, reason="systemd-analyze is not installed")
 
 
-@pytest.fixture
-def notify_socket(tmp_path, monkeypatch):
-    """A real datagram socket standing in for systemd's notify socket."""
-    path = tmp_path / "notify.sock"
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    s.bind(str(path))
-    s.settimeout(5)
-    monkeypatch.setenv("NOTIFY_SOCKET", str(path))
-    yield s
-    s.close()
-
-
 def recv(s: socket.socket) -> str:
     return s.recv(65536).decode()
 
