@@ -439,7 +439,7 @@ class Trainer(threading.Thread):
         self._install(model, {"m": g.m, "v": g.v, "t": g.t}, ewc_state)
         self.apply_settings(self.settings)
         self._move_serving_to_cpu()
-        self._good = self._capture()
+        # self._good stays: the new model and AdamW hold copies of it, not views.
         self._steps_since_swap = 0  # the weights are the last published ones again
         self._gpu_failures = 0
         self._count_rollback(f"GPU error: {reason}")
