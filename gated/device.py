@@ -49,6 +49,12 @@ def cuda_status() -> tuple[bool, str]:
     return True, f"{n} CUDA device(s)"
 
 
+def device_name(runtime: Any, device_id: int) -> str:
+    """The GPU's marketing name (CUDA hands it over as bytes or str, by CuPy version)."""
+    name = runtime.getDeviceProperties(device_id)["name"]
+    return name.decode() if isinstance(name, bytes) else str(name)
+
+
 def select_backend(device: str) -> tuple[str, str, str]:
     """(backend, device description, reason). Raises RuntimeError for an impossible "cuda"."""
     if device == "cpu":
@@ -57,9 +63,7 @@ def select_backend(device: str) -> tuple[str, str, str]:
     if ok:
         import cupy
 
-        props = cupy.cuda.runtime.getDeviceProperties(0)
-        name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
-        return "cupy", f"cuda:0 {name}", f"device={device}: {why}"
+        return "cupy", f"cuda:0 {device_name(cupy.cuda.runtime, 0)}", f"device={device}: {why}"
     if device == "cuda":
         raise RuntimeError(f"device=cuda was asked for but {why}; set device = \"auto\" or "
                            "\"cpu\" to run on the CPU")
@@ -187,8 +191,7 @@ def gpu_preflight(model_cfg: ModelConfig, train_cfg: Any, *, runtime: Any = None
 
         runtime = cupy.cuda.runtime
     device_id = runtime.getDevice()
-    props = runtime.getDeviceProperties(device_id)
-    name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+    name = device_name(runtime, device_id)
     free, total = (int(x) for x in runtime.memGetInfo())
     batch, length = int(train_cfg.batch_size), model_cfg.max_seq_len
     parts = training_memory_breakdown(model_cfg, batch, length, length)
