@@ -78,7 +78,7 @@ class Serving:
     def explain(self, context: str, history: Sequence[str] | None = None,
                 max_len: int = 64) -> dict:
         snap = self.current
-        src = source_batch([(context, history)], self.cfg)[0]
+        src = source_batch([(context, history)], self.cfg)
         p, reason = snap.model.predict_and_decode(src, max_len=max_len)
         return {"p_allow": p, "band": self.bands.of(p), "reason": reason,
                 "version": snap.version}

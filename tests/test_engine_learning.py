@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gated.engine import AdamW, Model, ModelConfig, build_batch, train_step
+from gated.engine import AdamW, Model, ModelConfig, build_batch, source_batch, train_step
 from gated.synthetic import SyntheticGateway
 
 MAX_STEPS = 600
@@ -21,14 +21,14 @@ def test_tiny_model_learns_gate_and_reasons():
     opt = AdamW.for_model(model, lr=3e-3)
 
     def held_out():
-        p = model.predict_proba(held_batch["src"])
+        p = model.predict_proba(held_batch)
         return float(np.mean((p >= 0.5) == (held_batch["label"] >= 0.5))), model.loss(
             held_batch)[1]["ce"]
 
     def reasons_exact() -> float:
         """Share of held-out calls whose greedy-decoded reason is exactly the policy's."""
-        hits = sum(model.greedy_decode(held_batch["src"][i], max_len=24) == held[i]["reason"]
-                   for i in range(50))
+        hits = sum(model.greedy_decode(source_batch([(ex["context"], ex["history"])], cfg),
+                                       max_len=24) == ex["reason"] for ex in held[:50])
         return hits / 50
 
     _, ce_start = held_out()

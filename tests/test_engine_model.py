@@ -6,15 +6,17 @@ import numpy as np
 import pytest
 from gradcheck import numeric_grad_entries, rel_error, sample_indices
 
+import dataclasses
+
 from gated.engine import BOS, EOS, EWC, PAD, Model, ModelConfig, build_batch, param_layout
-from gated.engine.tokenizer import encode_source
+from gated.engine.tokenizer import source_batch
 
 TOL = 1e-6
 
 
-def _random_model(seed: int = 0) -> Model:
+def _random_model(seed: int = 0, cfg: ModelConfig | None = None) -> Model:
     """tiny in float64 with O(1) weights, so no gradient hides under the init's small scale."""
-    m = Model.init(ModelConfig.tiny(), seed=seed, dtype="float64")
+    m = Model.init(cfg or ModelConfig.tiny(), seed=seed, dtype="float64")
     rng = np.random.default_rng(seed + 100)
     for name, arr in m.params.items():
         leaf = name.rsplit(".", 1)[-1]
@@ -38,8 +40,9 @@ def _mixed_batch(cfg: ModelConfig) -> dict:
 
 def _length_one_batch() -> dict:
     """Every target has length 1: tgt_in = [BOS], tgt_out = [EOS] (or no target at all)."""
-    src = np.array([[259, 97, 98, PAD], [259, 99, 100, 101]])
-    return {"src": src, "tgt_in": np.array([[BOS], [BOS]]), "tgt_out": np.array([[EOS], [PAD]]),
+    src = np.array([[97, 98, 259, PAD], [99, 100, 101, 259]])
+    seg = np.array([[0, 0, 1, 0], [0, 0, 0, 1]])
+    return {"src": src, "seg": seg, "tgt_in": np.array([[BOS], [BOS]]), "tgt_out": np.array([[EOS], [PAD]]),
             "label": np.array([1.0, 0.0]), "weight": np.array([1.0, 6.0])}
 
 
@@ -90,7 +93,10 @@ def test_no_reason_batch_gives_zero_decoder_gradient():
 
 
 def test_ewc_penalty_gradient():
-    model = _random_model(3)
+    # Without the wide path: its 4096 O(1) weights would make the penalty ~450, and a
+    # float64 central difference of a loss that large loses ~1e-6 of relative precision
+    # on the smallest gradients, which is roundoff, not the gradient under test.
+    model = _random_model(3, dataclasses.replace(ModelConfig.tiny(), wide_buckets=0))
     ewc = EWC(model.num_params, lam=0.7, dtype="float64")
     rng = np.random.default_rng(0)
     ewc.fisher[:] = rng.uniform(0, 2, model.num_params)
@@ -108,10 +114,17 @@ def test_loss_matches_design_formulas():
     model = _random_model(4)
     batch = _mixed_batch(model.cfg)
     loss, parts = model.loss(batch)
-    enc, _ = model.encode(batch["src"])
-    mask = (batch["src"] != PAD).astype(float)
-    pooled = (enc * mask[:, :, None]).sum(1) / mask.sum(1, keepdims=True)
-    z = pooled @ model.params["gate.w"][0] + model.params["gate.b"][0]
+    enc, _ = model.encode(batch["src"], batch["seg"])
+    real = batch["src"] != PAD
+    pools = []
+    for segment in (0, 1):
+        mask = (real & (batch["seg"] == segment)).astype(float)
+        pools.append((enc * mask[:, :, None]).sum(1) / np.maximum(mask.sum(1, keepdims=True), 1))
+    z = np.concatenate(pools, 1) @ model.params["gate.w"][0] + model.params["gate.b"][0]
+    w_wide = model.params["wide.w"][0]
+    z = z + model.cfg.wide_scale * np.array([
+        sum(w_wide[i] * v for i, v in zip(ii, vv, strict=True))
+        for ii, vv in zip(batch["wide_idx"], batch["wide_val"], strict=True)])
     y, w = batch["label"], batch["weight"]
     bce = np.mean(w * (np.maximum(z, 0) - z * y + np.log1p(np.exp(-np.abs(z)))))
     logits, _ = model.decode_logits(batch["tgt_in"], enc, (batch["src"] != PAD)[:, None, None])
@@ -127,8 +140,9 @@ def test_loss_matches_design_formulas():
 def test_pad_queries_do_not_change_real_outputs():
     """Padding a source more changes neither p_allow nor the loss (PAD keys are masked)."""
     model = _random_model(5)
-    src = np.array([encode_source("git status", None, 32)])
-    padded = np.concatenate([src, np.full((1, 6), PAD)], axis=1)
+    src = source_batch([("git status", ["ls"])], model.cfg)
+    padded = {**src, "src": np.concatenate([src["src"], np.full((1, 6), PAD)], axis=1),
+              "seg": np.concatenate([src["seg"], np.zeros((1, 6), np.int64)], axis=1)}
     np.testing.assert_allclose(model.predict_proba(src), model.predict_proba(padded), rtol=1e-12)
 
 
@@ -147,7 +161,9 @@ def test_flat_layout_views_and_init():
     model = Model.init(ModelConfig.tiny(), seed=0)
     assert model.flat.flags["C_CONTIGUOUS"] and model.flat.dtype == np.float32
     names = [n for n, _ in model.layout]
-    assert names[0] == "tok_emb" and names[-2:] == ["gate.w", "gate.b"]
+    assert names[:2] == ["tok_emb", "seg_emb"]
+    assert names[-3:] == ["gate.w", "gate.b", "wide.w"]
+    assert np.all(model.params["wide.w"] == 0)  # the wide path starts silent
     assert list(model.params) == names
     model.params["enc.0.attn.bq"][0] = 3.5  # a view: writes land in the flat buffer
     assert 3.5 in model.flat
@@ -162,15 +178,51 @@ def test_flint_parameter_count():
     d, f, v = 256, 1024, 260
     attn = 4 * (d * d + d)
     ffn = 2 * d * f + f + d
-    expect = v * d + 4 * (2 * 2 * d + attn + ffn) + 2 * d
-    expect += 2 * (3 * 2 * d + 2 * attn + ffn) + 2 * d + v * d + v + d + 1
-    assert sum(int(np.prod(s)) for _, s in param_layout(cfg)) == expect == 5_400_581
+    expect = v * d + 2 * d + 4 * (2 * 2 * d + attn + ffn) + 2 * d
+    expect += 2 * (3 * 2 * d + 2 * attn + ffn) + 2 * d + v * d + v + 2 * d + 1
+    expect += 1 << 18  # the wide path's hashed n-gram weights
+    assert sum(int(np.prod(s)) for _, s in param_layout(cfg)) == expect == 5_663_493
 
 
 def test_greedy_decode_and_predict_shapes():
     model = Model.init(ModelConfig.tiny(), seed=0)
-    src = np.array([encode_source("ls", ["pwd"], 32)])
+    src = source_batch([("ls", ["pwd"])], model.cfg)
     p = model.predict_proba(src)
     assert p.shape == (1,) and 0.0 < p[0] < 1.0
-    text = model.greedy_decode(src[0], max_len=5)
+    text = model.greedy_decode(src, max_len=5)
     assert isinstance(text, str) and len(text.encode("utf-8", "surrogatepass")) <= 5 * 3
+
+
+def test_wide_and_segment_gradients_at_the_entries_a_batch_touches():
+    """The sampled check above mostly hits wide buckets no n-gram uses (gradient 0): here
+    every bucket the batch touches, and both segment rows, against central differences."""
+    model = _random_model(6)
+    batch = _mixed_batch(model.cfg)
+    model.loss_and_grads(batch)
+    touched = sorted({int(i) for i, v in zip(batch["wide_idx"].ravel(),
+                                             batch["wide_val"].ravel(), strict=True) if v})
+    rng = np.random.default_rng(1)
+    idx = [(0, int(i)) for i in rng.choice(touched, size=24, replace=False)]
+    num = numeric_grad_entries(lambda: model.loss(batch)[0], model.params["wide.w"], idx)
+    ana = np.array([model.grads["wide.w"][i] for i in idx])
+    assert np.abs(ana).min() > 0 and rel_error(ana, num) < TOL
+    idx = [(r, c) for r in (0, 1) for c in range(0, model.cfg.d_model, 5)]
+    num = numeric_grad_entries(lambda: model.loss(batch)[0], model.params["seg_emb"], idx)
+    assert rel_error(np.array([model.grads["seg_emb"][i] for i in idx]), num) < TOL
+
+
+def test_history_does_not_change_the_call_tokens_and_an_empty_history_pools_to_zero():
+    """Format 2: the call leads the source whole; history follows as segment 1; a call
+    without history gets a zero history pool (no division by an empty mask)."""
+    cfg = ModelConfig.tiny()
+    model = _random_model(7)
+    alone = source_batch([("git status", None)], cfg)
+    with_h = source_batch([("git status", ["fs.read {\"path\": \"a/.env\"}"])], cfg)
+    n = len(b"git status")
+    assert np.array_equal(alone["src"][0, :n], with_h["src"][0, :n])
+    assert set(with_h["seg"][0, n:]) == {1} and set(alone["seg"][0]) == {0}
+    src, seg = alone["src"], alone["seg"]
+    enc, _ = model.encode(src, seg)
+    _, call_mask, hist_mask = model._src_masks(src, seg)
+    z, pooled, _ = model.gate_logit(enc, call_mask, hist_mask)
+    assert np.all(pooled[:, cfg.d_model:] == 0) and np.all(np.isfinite(z))

@@ -289,6 +289,7 @@ def test_predictions_fall_in_the_same_band(ops, preset):
     k = 8.0 / max(1e-3, float(z.std()))  # z -> k (z - median z)
     for m in (ref, kern):
         m.params["gate.w"][...] *= np.float32(k)
+        m.params["wide.w"][...] *= np.float32(k)  # the wide logit adds to the gate's
         m.params["gate.b"][...] = np.float32(k) * (m.params["gate.b"] - np.float32(np.median(z)))
     p, kp = ref.predict_proba(src), kern.predict_proba(src)
     np.testing.assert_allclose(kp, p, atol=1e-5)

@@ -23,6 +23,24 @@ class ModelConfig:
     n_dec_layers: int = 2
     max_seq_len: int = 256
     ln_eps: float = 1e-5
+    # --- the source and the gate (DESIGN.md section 1, revised 2026-11-23; docs/design.md)
+    #: Version of the source encoding: 2 = current call first, then history newest-first,
+    #: each entry abbreviated; segment embedding; gate pools call and history apart.
+    source_format: int = 2
+    #: History entries kept in the source (newest first), if they fit.
+    max_history: int = 12
+    #: Bytes an abbreviated history entry may take: the budget is what the current call
+    #: leaves, shared among the entries, clamped to [min, max].
+    history_entry_min: int = 12
+    history_entry_max: int = 48
+    #: The wide path: hashed byte n-grams (1..wide_ngram) of the call and of the history,
+    #: one linear logit added to the gate's. 0 buckets = no wide path.
+    wide_buckets: int = 1 << 18
+    wide_ngram: int = 4
+    #: z_wide = wide_scale * <w, x> with x L2-normalised per segment. Under Adam the update
+    #: of w is ~lr whatever the gradient scale, so this factor is the wide path's learning
+    #: rate relative to the transformer's (an exact reparameterisation, chosen by a sweep).
+    wide_scale: float = 32.0
 
     def __post_init__(self) -> None:
         if self.d_model % self.n_heads != 0:
@@ -32,9 +50,17 @@ class ModelConfig:
             )
         if self.d_model % 2 != 0:
             raise ValueError(f"d_model={self.d_model} must be even for the sinusoidal encoding")
-        for name in ("vocab_size", "d_ff", "n_enc_layers", "n_dec_layers", "max_seq_len"):
+        for name in ("vocab_size", "d_ff", "n_enc_layers", "n_dec_layers", "max_seq_len",
+                     "wide_ngram", "history_entry_min"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.wide_buckets < 0 or self.max_history < 0:
+            raise ValueError("wide_buckets and max_history must be >= 0")
+        if self.history_entry_max < self.history_entry_min:
+            raise ValueError("history_entry_max must be >= history_entry_min")
+        if self.source_format != 2:
+            raise ValueError(f"source_format {self.source_format} is not supported; this "
+                             "engine reads format 2 (docs/design.md)")
 
     @property
     def d_head(self) -> int:
@@ -43,7 +69,9 @@ class ModelConfig:
     @classmethod
     def tiny(cls) -> ModelConfig:
         """The small shape the tests train in seconds."""
-        return cls(d_model=32, n_heads=4, d_ff=64, n_enc_layers=2, n_dec_layers=2, max_seq_len=32)
+        return cls(d_model=32, n_heads=4, d_ff=64, n_enc_layers=2, n_dec_layers=2, max_seq_len=32,
+                   max_history=4, history_entry_min=4, history_entry_max=12,
+                   wide_buckets=1 << 12)
 
     @classmethod
     def flint(cls) -> ModelConfig:

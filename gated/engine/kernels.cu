@@ -250,7 +250,7 @@ extern "C" __global__ void embedding_bwd(float* __restrict__ d_emb,
     }
 }
 
-// pooled[b, j] = sum_s mask[b, s] x[b, s, j] / denom[b], denom[b] = sum_s mask[b, s];
+// pooled[b, j] = sum_s mask[b, s] x[b, s, j] / denom[b], denom[b] = max(1, sum_s mask[b, s]);
 // one block per batch row b, threads over j.
 extern "C" __global__ void mean_pool_fwd(const float* __restrict__ x,
                                          const float* __restrict__ mask,
@@ -259,6 +259,7 @@ extern "C" __global__ void mean_pool_fwd(const float* __restrict__ x,
     const long long b = blockIdx.x;
     float den = 0.0f;
     for (int s = 0; s < s_len; ++s) den += mask[b * s_len + s];
+    if (den < 1.0f) den = 1.0f;  // an empty mask (no history) pools to zeros
     for (int j = threadIdx.x; j < d; j += blockDim.x) {
         float acc = 0.0f;
         for (int s = 0; s < s_len; ++s) acc += x[(b * s_len + s) * d + j] * mask[b * s_len + s];

@@ -34,7 +34,7 @@ def _ffn(prefix: str, d: int, f: int) -> list[tuple[str, Shape]]:
 def param_layout(cfg: ModelConfig) -> list[tuple[str, Shape]]:
     """(name, shape) of every parameter in checkpoint order."""
     d, f, v = cfg.d_model, cfg.d_ff, cfg.vocab_size
-    layout: list[tuple[str, Shape]] = [("tok_emb", (v, d))]
+    layout: list[tuple[str, Shape]] = [("tok_emb", (v, d)), ("seg_emb", (2, d))]
     for i in range(cfg.n_enc_layers):
         p = f"enc.{i}"
         layout += _ln(f"{p}.ln1", d) + _attn(f"{p}.attn", d)
@@ -46,7 +46,10 @@ def param_layout(cfg: ModelConfig) -> list[tuple[str, Shape]]:
         layout += _ln(f"{p}.ln2", d) + _attn(f"{p}.cross", d)
         layout += _ln(f"{p}.ln3", d) + _ffn(f"{p}.ffn", d, f)
     layout += _ln("dec.ln", d)
-    layout += [("out.w", (v, d)), ("out.b", (v,)), ("gate.w", (1, d)), ("gate.b", (1,))]
+    # The gate reads the pooled current call and the pooled history side by side.
+    layout += [("out.w", (v, d)), ("out.b", (v,)), ("gate.w", (1, 2 * d)), ("gate.b", (1,))]
+    if cfg.wide_buckets:
+        layout += [("wide.w", (1, cfg.wide_buckets))]
     return layout
 
 
@@ -90,8 +93,8 @@ MATRIX_STD = 0.02
 
 
 def init_flat(layout: list[tuple[str, Shape]], seed: int) -> np.ndarray:
-    """Deterministic float64 initial weights: N(0, 1) token embedding, N(0, 0.02) other
-    matrices, zero biases, unit LayerNorm gains.
+    """Deterministic float64 initial weights: N(0, 1) token and segment embeddings,
+    N(0, 0.02) other matrices, zero wide weights and biases, unit LayerNorm gains.
 
     The embedding is N(0, 1) (PyTorch's nn.Embedding default) because x = E[tok] + PE[pos]
     adds it to a sinusoidal encoding of unit scale: at 0.02 the token identity is a 2%
@@ -105,8 +108,10 @@ def init_flat(layout: list[tuple[str, Shape]], seed: int) -> np.ndarray:
     for s in slots(layout):
         leaf = s.name.rsplit(".", 1)[-1]
         chunk = flat[s.offset : s.offset + s.size]
-        if s.name == "tok_emb":
+        if s.name in ("tok_emb", "seg_emb"):
             chunk[:] = rng.normal(0.0, EMBEDDING_STD, size=s.size)
+        elif s.name == "wide.w":
+            continue  # the wide path starts silent: zero logit, the transformer's alone
         elif len(s.shape) == 2:
             chunk[:] = rng.normal(0.0, MATRIX_STD, size=s.size)
         elif leaf == "g":

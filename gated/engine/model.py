@@ -85,18 +85,25 @@ class Model:
         return decay_mask(self.layout)
 
     # --- forward pieces -------------------------------------------------------------------
-    def _embed(self, tokens):
-        return self.params["tok_emb"][tokens] + self.pe[: tokens.shape[1]]
+    def _embed(self, tokens, seg=None):
+        """x = E[tok] + PE[pos] (+ S[seg] for the source: call or history)."""
+        x = self.params["tok_emb"][tokens] + self.pe[: tokens.shape[1]]
+        if seg is not None:
+            x += self.params["seg_emb"][seg]
+        return x
 
-    def _src_masks(self, src):
+    def _src_masks(self, src, seg):
+        """(attention keep [B,1,1,S], call mask [B,S], history mask [B,S]) of a source."""
         keep = src != PAD
-        return keep[:, None, None, :], keep.astype(self.dtype)
+        call = keep & (seg == 0)
+        return (keep[:, None, None, :], call.astype(self.dtype),
+                (keep & ~call).astype(self.dtype))
 
-    def encode(self, src, keep_cache: bool = False):
-        """enc = LN_enc(encoder layers(E[src] + PE)); returns (enc, caches)."""
+    def encode(self, src, seg, keep_cache: bool = False):
+        """enc = LN_enc(encoder layers(E[src] + PE + S[seg])); returns (enc, caches)."""
         cfg, ops, P = self.cfg, self.ops, self.params
-        keep, _ = self._src_masks(src)
-        x = self._embed(src)
+        keep = self._src_masks(src, seg)[0]
+        x = self._embed(src, seg)
         caches = []
         for i in range(cfg.n_enc_layers):
             x, c = L.enc_layer_fwd(ops, P, i, x, keep, cfg.n_heads, cfg.ln_eps)
@@ -104,10 +111,19 @@ class Model:
         enc, ln_c = L.ln_fwd(ops, P, "enc.ln", x, cfg.ln_eps)
         return enc, (caches, ln_c) if keep_cache else None
 
-    def gate_logit(self, enc, src_mask):
-        pooled, denom = self.ops.mean_pool(enc, src_mask)
-        z = L.linear_fwd(pooled, self.params["gate.w"], self.params["gate.b"])[:, 0]
-        return z, pooled, denom
+    def gate_logit(self, enc, call_mask, hist_mask, wide_idx=None, wide_val=None):
+        """z = [pool(call), pool(history)] @ gate.w.T + gate.b (+ the wide logit).
+
+        Each pool is a masked mean over its segment (an empty history pools to zeros).
+        The wide logit is wide_scale * sum_k val_k w[idx_k] over hashed n-grams."""
+        ops, xp, P = self.ops, self.ops.xp, self.params
+        p_call, d_call = ops.mean_pool(enc, call_mask)
+        p_hist, d_hist = ops.mean_pool(enc, hist_mask)
+        pooled = xp.concatenate([p_call, p_hist], axis=1)
+        z = L.linear_fwd(pooled, P["gate.w"], P["gate.b"])[:, 0]
+        if wide_idx is not None:
+            z = z + self.cfg.wide_scale * (P["wide.w"][0][wide_idx] * wide_val).sum(axis=1)
+        return z, pooled, (d_call, d_hist)
 
     def decode_logits(self, tgt_in, enc, src_keep):
         """Decoder stack over tgt_in given enc; returns (logits [B,T,V], caches)."""
@@ -123,11 +139,16 @@ class Model:
         logits = L.linear_fwd(dec, P["out.w"], P["out.b"])
         return logits, (caches, ln_c, dec)
 
-    def _to_backend(self, batch: dict[str, Any]):
+    def _sources(self, batch: dict[str, Any]):
+        """(src, seg, wide_idx, wide_val) on the backend; seg defaults to all-call and the
+        wide features to none, for callers that built `src` by hand."""
         xp = self.ops.xp
-        return (xp.asarray(batch["src"]), xp.asarray(batch["tgt_in"]),
-                xp.asarray(batch["tgt_out"]), xp.asarray(batch["label"], dtype=self.dtype),
-                xp.asarray(batch["weight"], dtype=self.dtype))
+        src = xp.asarray(batch["src"])
+        seg = xp.asarray(batch["seg"]) if "seg" in batch else xp.zeros_like(src)
+        if "wide_idx" in batch and "wide.w" in self.params:
+            return (src, seg, xp.asarray(batch["wide_idx"]),
+                    xp.asarray(batch["wide_val"], dtype=self.dtype))
+        return src, seg, None, None
 
     # --- loss, forward and backward ------------------------------------------------------
     def loss(self, batch: dict[str, Any]) -> tuple[float, dict[str, float]]:
@@ -147,12 +168,15 @@ class Model:
 
     def _forward(self, batch, need_grads: bool):
         cfg, ops, P, G, xp = self.cfg, self.ops, self.params, self.grads, self.ops.xp
-        src, tgt_in, tgt_out, label, weight = self._to_backend(batch)
+        src, seg, wide_idx, wide_val = self._sources(batch)
+        tgt_in, tgt_out = xp.asarray(batch["tgt_in"]), xp.asarray(batch["tgt_out"])
+        label = xp.asarray(batch["label"], dtype=self.dtype)
+        weight = xp.asarray(batch["weight"], dtype=self.dtype)
         b = src.shape[0]
-        src_keep, src_mask = self._src_masks(src)
+        src_keep, call_mask, hist_mask = self._src_masks(src, seg)
 
-        enc, enc_cache = self.encode(src, keep_cache=need_grads)
-        z, pooled, denom = self.gate_logit(enc, src_mask)
+        enc, enc_cache = self.encode(src, seg, keep_cache=need_grads)
+        z, pooled, denoms = self.gate_logit(enc, call_mask, hist_mask, wide_idx, wide_val)
         bce, dz = ops.bce_with_logits(z, label, weight, self.lambda_bce)
 
         tgt_mask = (tgt_out != PAD).astype(self.dtype).reshape(-1)
@@ -177,9 +201,15 @@ class Model:
             return total, parts, None
 
         self.grad_flat[...] = 0
-        # Gate head and mean-pool -> d enc.
+        # Wide path: dL/dw[idx_k] += wide_scale * dz * val_k (a scatter-add, exact).
+        if wide_idx is not None:
+            ops.embedding_bwd(G["wide.w"].reshape(-1, 1), wide_idx,
+                              (self.cfg.wide_scale * dz[:, None] * wide_val)[:, :, None])
+        # Gate head and the two mean-pools -> d enc.
+        d = cfg.d_model
         dpooled = L.linear_bwd(dz[:, None], pooled, P["gate.w"], G["gate.w"], G["gate.b"])
-        denc = ops.mean_pool_bwd(dpooled, src_mask, denom)
+        denc = ops.mean_pool_bwd(xp.ascontiguousarray(dpooled[:, :d]), call_mask, denoms[0])
+        denc += ops.mean_pool_bwd(xp.ascontiguousarray(dpooled[:, d:]), hist_mask, denoms[1])
         if has_targets:
             dec_caches, dec_ln, dec = dec_cache
             ddec = L.linear_bwd(dlogits.reshape(b, -1, cfg.vocab_size), dec, P["out.w"],
@@ -194,6 +224,7 @@ class Model:
         for i in reversed(range(cfg.n_enc_layers)):
             dx = L.enc_layer_bwd(ops, P, G, i, dx, enc_caches[i], cfg.n_heads)
         ops.embedding_bwd(G["tok_emb"], src, dx)
+        ops.embedding_bwd(G["seg_emb"], seg, dx)
         if self.ewc is not None and self.ewc.lam > 0:
             self.ewc.add_grad(self.flat, self.grad_flat)
         return total, parts, None
@@ -211,8 +242,13 @@ class Model:
         s = src_len or self.cfg.max_seq_len
         t = tgt_len or self.cfg.max_seq_len
         tok = np.full((batch_size, max(s, t)), ord("a"), dtype=np.int64)
-        batch = {"src": tok[:, :s], "tgt_in": tok[:, :t].copy(), "tgt_out": tok[:, :t],
-                 "label": np.ones(batch_size), "weight": np.ones(batch_size)}
+        seg = np.zeros((batch_size, s), dtype=np.int64)
+        seg[:, s // 2:] = 1
+        k = 2 * self.cfg.wide_ngram * s  # at most this many n-gram features per source
+        batch = {"src": tok[:, :s], "seg": seg, "tgt_in": tok[:, :t].copy(),
+                 "tgt_out": tok[:, :t], "label": np.ones(batch_size),
+                 "weight": np.ones(batch_size), "wide_idx": np.zeros((batch_size, k), np.int64),
+                 "wide_val": np.zeros((batch_size, k))}
         batch["tgt_in"][:, 0] = BOS
         ewc, self.ewc = self.ewc, None
         try:
@@ -222,20 +258,30 @@ class Model:
             self.grad_flat[...] = 0
 
     # --- serving -----------------------------------------------------------------------------
-    def predict_proba(self, src) -> np.ndarray:
-        """p_allow = sigmoid(gate logit) for PAD-padded sources [B, S] (encoder only)."""
-        src = self.ops.xp.asarray(src)
-        enc, _ = self.encode(src)
-        z, _, _ = self.gate_logit(enc, self._src_masks(src)[1])
-        return self.ops.to_numpy(self.ops.sigmoid(z)).astype(np.float64)
+    def predict_logits(self, sources: dict[str, Any]):
+        """Gate logits z for a `source_batch` (encoder and wide path only), on the backend."""
+        src, seg, wide_idx, wide_val = self._sources(sources)
+        enc, _ = self.encode(src, seg)
+        _, call_mask, hist_mask = self._src_masks(src, seg)
+        return self.gate_logit(enc, call_mask, hist_mask, wide_idx, wide_val)[0]
 
-    def predict_and_decode(self, src_row, max_len: int = 64) -> tuple[float, str]:
-        """(p_allow, greedy-decoded reason) for one source row, sharing the encoder pass."""
+    def predict_z(self, sources: dict[str, Any]) -> np.ndarray:
+        """Gate logits as float64 host values (calibration works on logits)."""
+        return self.ops.to_numpy(self.predict_logits(sources)).astype(np.float64)
+
+    def predict_proba(self, sources: dict[str, Any]) -> np.ndarray:
+        """p_allow = sigmoid(gate logit) for a `source_batch` (uncalibrated)."""
+        return self.ops.to_numpy(self.ops.sigmoid(self.predict_logits(sources))).astype(
+            np.float64)
+
+    def predict_and_decode(self, sources: dict[str, Any], max_len: int = 64) -> tuple[float, str]:
+        """(p_allow, greedy-decoded reason) for a one-row `source_batch`, sharing the
+        encoder pass."""
         xp = self.ops.xp
-        src = xp.asarray(src_row).reshape(1, -1)
-        enc, _ = self.encode(src)
-        keep, mask = self._src_masks(src)
-        z, _, _ = self.gate_logit(enc, mask)
+        src, seg, wide_idx, wide_val = self._sources(sources)
+        enc, _ = self.encode(src, seg)
+        keep, call_mask, hist_mask = self._src_masks(src, seg)
+        z = self.gate_logit(enc, call_mask, hist_mask, wide_idx, wide_val)[0]
         p = float(self.ops.to_numpy(self.ops.sigmoid(z))[0])
         tokens = [BOS]
         for _ in range(min(max_len, self.cfg.max_seq_len)):
@@ -246,6 +292,6 @@ class Model:
             tokens.append(nxt)
         return p, decode_bytes(tokens[1:])
 
-    def greedy_decode(self, src_row, max_len: int = 64) -> str:
-        """The reason the decoder produces for a source, greedily, up to EOS or max_len."""
-        return self.predict_and_decode(src_row, max_len)[1]
+    def greedy_decode(self, sources: dict[str, Any], max_len: int = 64) -> str:
+        """The reason the decoder produces for a one-row source, greedily."""
+        return self.predict_and_decode(sources, max_len)[1]

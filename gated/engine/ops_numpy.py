@@ -146,8 +146,10 @@ class NumpyOps:
         np.add.at(d_emb, tokens.reshape(-1), dx.reshape(-1, dx.shape[-1]))
 
     def mean_pool(self, x, mask):
-        """sum_t m_t x_t / sum_t m_t over [B, S, d] with mask [B, S] float."""
-        denom = mask.sum(axis=1, keepdims=True)
+        """sum_t m_t x_t / max(1, sum_t m_t) over [B, S, d] with mask [B, S] float.
+
+        A row with an empty mask (a call without history) pools to zeros, gradient 0."""
+        denom = self.xp.maximum(mask.sum(axis=1, keepdims=True), 1.0)
         return (x * mask[:, :, None]).sum(axis=1) / denom, denom
 
     def mean_pool_bwd(self, dpooled, mask, denom):

@@ -1,8 +1,27 @@
-"""Byte-level tokenizer and the batch builder (DESIGN.md sections 1 and 2).
+"""Byte-level tokenizer, the source encoding and the batch builder (DESIGN.md 1 and 2).
 
-Ids 0..255 are UTF-8 bytes; 256 PAD, 257 BOS, 258 EOS, 259 SEP. A source is the
-session history joined by SEP, then SEP, then the current context; when it is too long
-the most recent bytes are kept, because the call being judged is at the end.
+Ids 0..255 are UTF-8 bytes; 256 PAD, 257 BOS, 258 EOS, 259 SEP.
+
+The source (format 2, docs/design.md) puts the call being judged FIRST and whole, then the
+session history newest-first, each entry ``SEP`` + an abbreviation of it::
+
+    <current call>  SEP <previous call, abbreviated>  SEP <the one before>  ...
+
+Every source token carries a segment id (0 = the current call, 1 = history) that the
+model embeds, and the gate pools the two segments apart. Measured on realistic traffic,
+the old layout (history first, the call at the end, the most recent bytes kept, one pool
+over everything) let the history drown the call. Rules:
+
+- The current call is never cut for history. Only when it alone is longer than
+  ``max_seq_len`` is it cut, keeping its first three quarters and its last quarter around
+  `` ... `` (the tool name and first arguments lead; a shell pipe's target ends it).
+- A history entry is abbreviated to a byte budget: JSON quotes and braces dropped,
+  whitespace collapsed, then the tool name and the TAIL of the arguments (paths and file
+  names end there: ``fs.read path: /w/.env``). The budget is the room the call leaves,
+  shared among the newest ``max_history`` entries, clamped to
+  ``[history_entry_min, history_entry_max]``; entries that no longer fit are dropped,
+  oldest first. With the flint defaults a 90-byte call leaves room for 12 entries of 13
+  bytes: a secret read 10 calls back is still in the source.
 """
 
 from __future__ import annotations
@@ -13,22 +32,56 @@ from typing import Any
 import numpy as np
 
 from .config import ModelConfig
+from .wide import pad_features, wide_features
 
 PAD, BOS, EOS, SEP = 256, 257, 258, 259
+CUT_MARK = b" ... "
+_JSON_NOISE = str.maketrans("", "", '{}"')
 
 
-def encode_source(context: str, history: Sequence[str] | None, max_len: int) -> list[int]:
-    """Token ids of `history[0] SEP history[1] ... SEP context`, keeping the last `max_len`."""
-    ids: list[int] = []
-    for call in history or ():
-        ids.extend(call.encode("utf-8"))
-        ids.append(SEP)
-    # DESIGN: "history joined with SEP, then SEP, then context" -- with no history the
-    # source is SEP + context, so it always has at least one real token.
-    if not history:
-        ids.append(SEP)
-    ids.extend(context.encode("utf-8"))
-    return ids[-max_len:]
+def fit_call(data: bytes, max_len: int) -> bytes:
+    """The current call, cut only when it alone exceeds `max_len`: 3/4 head, 1/4 tail."""
+    if len(data) <= max_len:
+        return data
+    if max_len <= len(CUT_MARK) + 2:
+        return data[:max_len]
+    tail = max_len // 4
+    head = max_len - tail - len(CUT_MARK)
+    return data[:head] + CUT_MARK + data[len(data) - tail:]
+
+
+def abbreviate(entry: str, budget: int) -> bytes:
+    """A history entry in at most `budget` bytes: tool name + the tail of its arguments."""
+    data = " ".join(entry.translate(_JSON_NOISE).split()).encode("utf-8")
+    if len(data) <= budget:
+        return data
+    tool, _, rest = data.partition(b" ")
+    tool = tool[: max(1, budget // 2)]
+    keep = budget - len(tool) - 1
+    if keep <= 0 or not rest:
+        return data[:budget]
+    return tool + b" " + rest[len(rest) - keep:]
+
+
+def encode_source(context: str, history: Sequence[str] | None,
+                  cfg: ModelConfig) -> tuple[list[int], list[int]]:
+    """(token ids, segment ids) of a source: the call, then SEP + abbreviated history
+    entries newest-first. Segment 0 is the call, 1 the history (its SEPs included)."""
+    ids = list(fit_call(context.encode("utf-8"), cfg.max_seq_len)) or [SEP]
+    n_call = len(ids)
+    room = cfg.max_seq_len - n_call
+    entries = list(history or ())[::-1][: cfg.max_history]
+    if entries and room > 1:
+        budget = min(cfg.history_entry_max,
+                     max(cfg.history_entry_min, room // len(entries) - 1))
+        for entry in entries:
+            short = abbreviate(entry, budget)
+            if 1 + len(short) > room:
+                break
+            ids.append(SEP)
+            ids.extend(short)
+            room -= 1 + len(short)
+    return ids, [0] * n_call + [1] * (len(ids) - n_call)
 
 
 def encode_reason(reason: str | None, max_len: int) -> tuple[list[int], list[int]]:
@@ -53,12 +106,29 @@ def decode_bytes(ids: Sequence[int]) -> str:
     return out.decode("utf-8", errors="replace")
 
 
-def pad_rows(rows: Sequence[Sequence[int]], min_len: int = 1) -> np.ndarray:
-    """Right-pad int rows with PAD into an int64 [B, L] array."""
+def pad_rows(rows: Sequence[Sequence[int]], min_len: int = 1, fill: int = PAD) -> np.ndarray:
+    """Right-pad int rows with `fill` into an int64 [B, L] array."""
     length = max(min_len, max((len(r) for r in rows), default=0))
-    out = np.full((len(rows), length), PAD, dtype=np.int64)
+    out = np.full((len(rows), length), fill, dtype=np.int64)
     for i, r in enumerate(rows):
         out[i, : len(r)] = r
+    return out
+
+
+def source_batch(items: Sequence[tuple[str, Sequence[str] | None]],
+                 cfg: ModelConfig) -> dict[str, np.ndarray]:
+    """The encoder's inputs for (context, history) pairs, padded to the longest row:
+    ``src`` [B, S] ids, ``seg`` [B, S] segment ids, and the wide path's sparse features
+    ``wide_idx`` / ``wide_val`` [B, K] (empty [B, 1] zeros when the model has none)."""
+    if not items:
+        raise ValueError("source_batch needs at least one (context, history) pair")
+    encoded = [encode_source(c, h, cfg) for c, h in items]
+    out = {"src": pad_rows([ids for ids, _ in encoded]),
+           "seg": pad_rows([seg for _, seg in encoded], fill=0)}
+    if cfg.wide_buckets:
+        feats = [wide_features(ids, seg, cfg.wide_ngram, cfg.wide_buckets)
+                 for ids, seg in encoded]
+        out["wide_idx"], out["wide_val"] = pad_features(feats)
     return out
 
 
@@ -70,22 +140,16 @@ def build_batch(examples: Sequence[dict[str, Any]], cfg: ModelConfig) -> dict[st
     """
     if not examples:
         raise ValueError("build_batch needs at least one example")
-    src, tgt_in, tgt_out = [], [], []
+    tgt_in, tgt_out = [], []
     for ex in examples:
-        src.append(encode_source(ex["context"], ex.get("history"), cfg.max_seq_len))
         t_in, t_out = encode_reason(ex.get("reason"), cfg.max_seq_len)
         tgt_in.append(t_in)
         tgt_out.append(t_out)
     t_len = max(len(r) for r in tgt_in)
     return {
-        "src": pad_rows(src),
+        **source_batch([(ex["context"], ex.get("history")) for ex in examples], cfg),
         "tgt_in": pad_rows(tgt_in, t_len),
         "tgt_out": pad_rows(tgt_out, t_len),
         "label": np.array([float(ex["label"]) for ex in examples], dtype=np.float64),
         "weight": np.array([float(ex.get("weight", 1.0)) for ex in examples], dtype=np.float64),
     }
-
-
-def source_batch(items: Sequence[tuple[str, Sequence[str] | None]], cfg: ModelConfig) -> np.ndarray:
-    """PAD-padded source ids [B, S] for prediction requests (context, history) pairs."""
-    return pad_rows([encode_source(c, h, cfg.max_seq_len) for c, h in items])
