@@ -135,6 +135,24 @@ class TrainConfig:
                                  lo=1, hi=1_000_000)
     converged_threshold: float = _opt(0.95, "alignment at which the model counts as "
                                       "converged", hot=True, lo=0.0, lo_open=True, hi=1.0)
+    fresh_per_step: int = _opt(64, "fresh signals read and scored per step at most; the "
+                               "hardest of them are trained on (selective backprop)",
+                               hot=True, lo=1, hi=4096)
+    selective_confidence: float = _opt(0.9, "a fresh signal whose label the serving model "
+                                       "already gives this calibrated probability is not "
+                                       "back-propagated (unless sampled); 1 = train on all",
+                                       hot=True, lo=0.5, hi=1.0)
+    selective_keep: float = _opt(0.1, "share of the confidently right fresh signals still "
+                                 "trained on", hot=True, lo=0.0, hi=1.0)
+    drift_threshold: float = _opt(12.0, "Page-Hinkley alarm threshold on the progressive "
+                                  "error stream; lower = faster, more false alarms",
+                                  lo=0.0, lo_open=True)
+    drift_delta: float = _opt(0.01, "Page-Hinkley tolerance: error-rate rises below this "
+                              "are ignored", lo=0.0)
+    drift_adapt_signals: int = _opt(1000, "signals after a detected drift during which EWC "
+                                    "is off and replay is reduced", hot=True, lo=0)
+    drift_replay_fraction: float = _opt(0.1, "replay share of a batch while adapting to a "
+                                        "drift", hot=True, lo=0.0, hi=1.0, hi_open=True)
 
 
 def _check_fp_fn(v: tuple[float, ...]) -> str | None:

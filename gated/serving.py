@@ -32,6 +32,19 @@ class Bands:
 
 
 @dataclass(frozen=True)
+class Calibration:
+    """p_allow = sigmoid(a z + b) over the gate logit z: Platt scaling, fitted by the
+    trainer on the progressive-validation stream (gated.online.calibration) and swapped
+    in by one reference assignment, like the weights."""
+
+    a: float = 1.0
+    b: float = 0.0
+
+    def __call__(self, z: np.ndarray) -> np.ndarray:
+        return 0.5 * (1.0 + np.tanh(0.5 * (self.a * np.asarray(z, np.float64) + self.b)))
+
+
+@dataclass(frozen=True)
 class Snapshot:
     version: int
     step: int
@@ -45,6 +58,7 @@ class Serving:
                  backend: str = "numpy", bands: Bands | None = None) -> None:
         self.cfg, self.backend = cfg, backend
         self.bands = bands or Bands()
+        self.calibration = Calibration()
         self.current = Snapshot(version, step, Model.from_flat(cfg, flat, backend=backend))
 
     def swap(self, flat, version: int, step: int) -> Snapshot:
@@ -65,10 +79,18 @@ class Serving:
         self.current = new
         return new
 
-    def predict_many(self, items: Sequence[tuple[str, Sequence[str] | None]],
-                     snapshot: Snapshot | None = None) -> tuple[np.ndarray, Snapshot]:
-        snap = snapshot or self.current
-        return snap.model.predict_proba(source_batch(items, self.cfg)), snap
+    def score_many(self, items: Sequence[tuple[str, Sequence[str] | None]]
+                   ) -> tuple[np.ndarray, np.ndarray, Snapshot]:
+        """(raw gate logits, calibrated p_allow, snapshot) for (context, history) pairs."""
+        snap, cal = self.current, self.calibration
+        z = snap.model.predict_z(source_batch(items, self.cfg))
+        return z, cal(z), snap
+
+    def predict_many(self, items: Sequence[tuple[str, Sequence[str] | None]]
+                     ) -> tuple[np.ndarray, Snapshot]:
+        """Calibrated p_allow for (context, history) pairs, and the snapshot that served."""
+        _, p, snap = self.score_many(items)
+        return p, snap
 
     def predict(self, context: str, history: Sequence[str] | None = None) -> dict:
         p, snap = self.predict_many([(context, history)])
@@ -77,8 +99,9 @@ class Serving:
 
     def explain(self, context: str, history: Sequence[str] | None = None,
                 max_len: int = 64) -> dict:
-        snap = self.current
+        snap, cal = self.current, self.calibration
         src = source_batch([(context, history)], self.cfg)
-        p, reason = snap.model.predict_and_decode(src, max_len=max_len)
+        p_raw, reason = snap.model.predict_and_decode(src, max_len=max_len)
+        p = float(cal(np.log(p_raw) - np.log1p(-p_raw))) if 0.0 < p_raw < 1.0 else p_raw
         return {"p_allow": p, "band": self.bands.of(p), "reason": reason,
                 "version": snap.version}

@@ -29,6 +29,8 @@ MAX_REASON_BYTES = 4 * 1024
 
 DECISIONS = ("allow", "block")
 FEEDBACKS = ("confirm", "override_allow", "override_block", "false_positive", "false_negative")
+#: Feedback kinds that correct the gate (a person's word on the call, not a confirmation).
+CORRECTIONS = ("override_allow", "override_block", "false_positive", "false_negative")
 #: Feedback kinds whose examples escalate in weight and are locked in the replay reservoir.
 ESCALATING = ("false_positive", "false_negative")
 

@@ -22,16 +22,20 @@ import logging
 import random
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from .config import TrainConfig
 from .engine import EWC, AdamW, Model, ModelConfig, build_batch, train_step
-from .serving import Serving
-from .signals import context_fingerprint, training_example
+from .online import AlignmentWindow
+from .online.monitor import Monitor, MonitorSettings
+from .serving import Calibration, Serving
+from .signals import CORRECTIONS, context_fingerprint, training_example
 from .store import StoreError
+
+__all__ = ["AlignmentWindow", "Trainer", "TrainerEvents", "build_trainer"]
 
 log = logging.getLogger("gated.trainer")
 
@@ -40,48 +44,6 @@ log = logging.getLogger("gated.trainer")
 GPU_BACKENDS = frozenset({"cupy"})
 #: Consecutive GPU failures after which the trainer switches to the CPU.
 GPU_FAILURES_BEFORE_CPU = 3
-
-
-class AlignmentWindow:
-    """Progressive validation over the last `size` scored signals (positive = block)."""
-
-    def __init__(self, size: int = 1000) -> None:
-        self.size = size
-        self.items: deque[tuple[bool, bool]] = deque(maxlen=size)  # (pred_block, true_block)
-        self.total_scored = 0
-
-    def add(self, p_allow: float, label: float) -> bool:
-        pred_block, true_block = p_allow < 0.5, label < 0.5
-        self.items.append((pred_block, true_block))
-        self.total_scored += 1
-        return pred_block == true_block
-
-    @property
-    def alignment(self) -> float:
-        if not self.items:
-            return 0.0
-        return sum(p == t for p, t in self.items) / len(self.items)
-
-    @property
-    def full(self) -> bool:
-        return len(self.items) == self.size
-
-    def converged(self, threshold: float) -> bool:
-        return self.full and self.alignment >= threshold
-
-    def dump(self) -> list[int]:
-        """The window as small ints (2*pred_block + true_block), oldest first: for checkpoints."""
-        return [2 * int(p) + int(t) for p, t in self.items]
-
-    def load(self, codes: list[int]) -> None:
-        """Restore a dumped window (a restart keeps reporting alignment over the same 1000)."""
-        self.items.extend((bool(c & 2), bool(c & 1)) for c in codes[-self.size:])
-
-    def confusion(self) -> dict[str, int]:
-        c = {"tp": 0, "fp": 0, "tn": 0, "fn": 0}
-        for pred, true in self.items:
-            c[("t" if pred == true else "f") + ("p" if pred else "n")] += 1
-        return c
 
 
 class TrainerEvents:
@@ -93,6 +55,7 @@ class TrainerEvents:
     def on_rollback(self, reason: str) -> None: ...
     def on_checkpoint(self, ts: float) -> None: ...
     def on_gpu_fallback(self, reason: str) -> None: ...
+    def on_drift(self, began_seq: int, dropped: int) -> None: ...
 
 
 @dataclass
@@ -132,7 +95,12 @@ class Trainer(threading.Thread):
         self._install(model, opt_state, ewc_state)
         self.gpu_failures_before_cpu = GPU_FAILURES_BEFORE_CPU
         self._gpu_failures = 0  # consecutive
-        self.window = AlignmentWindow(settings.alignment_window)
+        self.monitor = Monitor(MonitorSettings(
+            window=settings.alignment_window, drift_delta=settings.drift_delta,
+            drift_threshold=settings.drift_threshold,
+            drift_adapt_signals=settings.drift_adapt_signals))
+        self.window = self.monitor.window
+        self.last_scores: list[tuple[int, float]] = []  # (seq, calibrated p) of the last step
         self.status = TrainerStatus(step=step, version=version, last_trained_seq=last_trained_seq)
         self._wake = threading.Event()
         self._stop_event = threading.Event()
@@ -242,7 +210,7 @@ class Trainer(threading.Thread):
             s = self.settings
             if self._stop_event.is_set() and time.monotonic() >= self._drain_deadline:
                 return
-            fresh = self.store.read_signals(self.status.last_trained_seq, s.batch_size)
+            fresh = self.store.read_signals(self.status.last_trained_seq, s.fresh_per_step)
             if fresh:
                 self.train_on(fresh)
                 continue
@@ -261,27 +229,28 @@ class Trainer(threading.Thread):
             self._wake.clear()
 
     def train_on(self, fresh: list[tuple[int, dict]]) -> dict | None:
-        """One step: score fresh signals, mix replay, train, maybe swap and checkpoint."""
+        """One step: score fresh signals, keep the informative ones, mix replay, train,
+        maybe swap and checkpoint."""
         s = self.settings
         # `seq` lets the reservoir skip a signal it was already offered (a restart re-trains
-        # what came after the last checkpoint).
-        fresh_examples = [{**training_example(sig), "seq": seq} for seq, sig in fresh]
-        if fresh_examples:
-            p, _ = self.serving.predict_many([(e["context"], e["history"])
-                                              for e in fresh_examples])
-            for pa, ex in zip(p, fresh_examples, strict=True):
-                self.window.add(float(pa), ex["label"])
-            self.report_alignment()
-        # Caught up, a batch is replay_fraction replayed examples; behind, fresh signals
-        # take the replay slots first, so the trainer catches up instead of lagging more.
-        n_replay = min(round(s.batch_size * s.replay_fraction),
-                       s.batch_size - len(fresh_examples)) if fresh_examples else s.batch_size
+        # what came after the last checkpoint); `fp` lets a newer signal for the same call
+        # supersede the stored one.
+        fresh_examples = [{**training_example(sig), "seq": seq,
+                           "fp": context_fingerprint(sig["context"], sig.get("history"))}
+                          for seq, sig in fresh]
+        chosen = self._score(fresh_examples) if fresh_examples else []
         self._note_latest(fresh_examples)
-        replay = self.store.reservoir_sample(n_replay, self.rng) if n_replay > 0 else []
-        examples = fresh_examples + self._current(replay)
         info = None
-        if examples:
-            info = self._step(examples)
+        if chosen or not fresh_examples:
+            # Caught up, a batch is replay_fraction replayed examples; behind, fresh signals
+            # take the replay slots first, so the trainer catches up instead of lagging more.
+            share = s.drift_replay_fraction if self.monitor.adapting else s.replay_fraction
+            n_replay = (min(round(s.batch_size * share), s.batch_size - len(chosen))
+                        if fresh_examples else s.batch_size)
+            replay = self.store.reservoir_sample(n_replay, self.rng) if n_replay > 0 else []
+            examples = chosen + self._current(replay)
+            if examples:
+                info = self._step(examples)
         if fresh:
             self.status.last_trained_seq = fresh[-1][0]
             self.store.reservoir_add(fresh_examples, self.rng)
@@ -290,6 +259,49 @@ class Trainer(threading.Thread):
             if self.status.step - self._last_ckpt_step >= s.checkpoint_every_steps:
                 self.checkpoint()
         return info
+
+    def _score(self, fresh: list[dict]) -> list[dict]:
+        """Progressive validation of fresh examples on the serving snapshot, then selective
+        backprop: the examples worth a gradient, at most one batch.
+
+        Every correction is kept; so is every example the serving model gets wrong or is
+        unsure of (calibrated probability of its label below `selective_confidence`), and a
+        `selective_keep` sample of the rest, so the confident region keeps being rehearsed.
+        The skipped ones still enter the replay reservoir. On a 2-core CPU this is what
+        lets flint keep up with a gateway: most traffic is easy once learned.
+        """
+        s = self.settings
+        z, p, _ = self.serving.score_many([(e["context"], e["history"]) for e in fresh])
+        self.last_scores = []
+        hard: list[tuple[float, dict]] = []
+        for zi, pi, ex in zip(z, p, fresh, strict=True):
+            self.last_scores.append((ex["seq"], float(pi)))
+            began = self.monitor.observe(ex["seq"], ex["fp"], ex["feedback"], ex["label"],
+                                         float(zi), float(pi))
+            if began is not None:
+                self._on_drift(began)
+            p_label = float(pi) if ex["label"] >= 0.5 else 1.0 - float(pi)
+            if ex["feedback"] in CORRECTIONS:
+                hard.append((-1.0, ex))
+            elif p_label < s.selective_confidence or self.rng.random() < s.selective_keep:
+                hard.append((p_label, ex))
+        a, b = self.monitor.calibrator.params
+        if (a, b) != (self.serving.calibration.a, self.serving.calibration.b):
+            self.serving.calibration = Calibration(a, b)
+        self.report_alignment()
+        hard.sort(key=lambda t: t[0])  # corrections first, then the least confident
+        return [ex for _, ex in hard[: s.batch_size]]
+
+    def _on_drift(self, began_seq: int) -> None:
+        """A policy change: stop replaying what the old policy labelled, relax EWC and
+        replay for `drift_adapt_signals` signals, tell the operator."""
+        dropped = self.store.reservoir_forget_before(began_seq)
+        log.warning("drift: the serving model's error rate rose (Page-Hinkley); the change "
+                    "began around signal %d. Dropped %d replay examples labelled before it "
+                    "(human corrections kept); EWC off and replay at %.0f%% for the next %d "
+                    "signals", began_seq, dropped, 100 * self.settings.drift_replay_fraction,
+                    self.settings.drift_adapt_signals)
+        self.events.on_drift(began_seq, dropped)
 
     LATEST_CAP = 200_000
 
@@ -326,6 +338,7 @@ class Trainer(threading.Thread):
 
     def _step(self, examples: list[dict]) -> dict | None:
         t0 = time.perf_counter()
+        self.model.ewc.lam = 0.0 if self.monitor.adapting else self.settings.lambda_ewc
         batch = build_batch(examples, self.model.cfg)
         try:
             info = train_step(self.model, self.opt, batch)
@@ -473,7 +486,7 @@ class Trainer(threading.Thread):
             layout=self.model.layout, config_fingerprint=self.model.cfg.fingerprint(),
             ewc={k: to_np(a) for k, a in ewc.items()},
             extra={"opt_t": self.opt.t, "version": self.status.version,
-                   "window": self.window.dump()})
+                   "window": self.window.dump(), "monitor": self.monitor.state()})
         self._last_ckpt_step = self.status.step
         self.status.last_checkpoint = time.time()
         self.events.on_checkpoint(self.status.last_checkpoint)
@@ -509,6 +522,7 @@ def build_trainer(store, model_cfg: ModelConfig, settings: TrainConfig, *, seed:
     if ckpt is None:
         model = Model.init(model_cfg, seed=seed, backend=backend)
         step, version, last_seq, opt_state, ewc_state, window = 0, 0, 0, None, None, []
+        monitor = None
     else:
         model = Model.from_flat(model_cfg, ckpt.flat, backend=backend)
         extra = ckpt.extra or {}
@@ -517,6 +531,7 @@ def build_trainer(store, model_cfg: ModelConfig, settings: TrainConfig, *, seed:
         opt_state = {"m": ckpt.m, "v": ckpt.v, "t": int(extra.get("opt_t", ckpt.step))}
         ewc_state = ckpt.ewc
         window = extra.get("window") or []
+        monitor = extra.get("monitor")
     published = store.load_published() if not reinit else None
     if published is not None and published[0] >= version:
         version, serve_flat = published[0], published[1]
@@ -527,4 +542,6 @@ def build_trainer(store, model_cfg: ModelConfig, settings: TrainConfig, *, seed:
                       last_trained_seq=last_seq, opt_state=opt_state, ewc_state=ewc_state,
                       events=events, seed=seed)
     trainer.window.load(window)
+    trainer.monitor.load(monitor)
+    serving.calibration = Calibration(*trainer.monitor.calibrator.params)
     return trainer, serving

@@ -24,15 +24,16 @@ class StandInGpuOps(NumpyOps):
 
     `fail_adamw`: 1-based numbers of this instance's `adamw` calls that fail (after
     scribbling over half the weights, as a kernel dying mid-update would).
-    `fail_sigmoid`: how many of the next `sigmoid` calls (serving) fail.
+    `fail_gate`: how many of the next gate-head pools (`mean_pool`: every prediction
+    and every step runs it; set it on the serving model's ops) fail.
     `dead`: every `to_numpy` raises (a device that no longer answers).
     """
 
     name = "cupy"
 
-    def __init__(self, fail_adamw=(), fail_sigmoid: int = 0, dead: bool = False) -> None:
+    def __init__(self, fail_adamw=(), fail_gate: int = 0, dead: bool = False) -> None:
         self.fail_adamw = set(fail_adamw)
-        self.fail_sigmoid = fail_sigmoid
+        self.fail_gate = fail_gate
         self.dead = dead
         self.adamw_calls = 0
 
@@ -45,12 +46,12 @@ class StandInGpuOps(NumpyOps):
                                    f"(stand-in, adamw call {self.adamw_calls})")
         return super().adamw(p, g, m, v, decay, **kw)
 
-    def sigmoid(self, z):
-        if self.fail_sigmoid > 0:
-            self.fail_sigmoid -= 1
+    def mean_pool(self, x, mask):
+        if self.fail_gate > 0:
+            self.fail_gate -= 1
             raise StandInCudaError("cudaErrorIllegalAddress: an illegal memory access was "
                                    "encountered (stand-in, serving)")
-        return super().sigmoid(z)
+        return super().mean_pool(x, mask)
 
     def to_numpy(self, a):
         if self.dead:

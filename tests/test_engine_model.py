@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from gradcheck import numeric_grad_entries, rel_error, sample_indices
-
-import dataclasses
 
 from gated.engine import BOS, EOS, EWC, PAD, Model, ModelConfig, build_batch, param_layout
 from gated.engine.tokenizer import source_batch
@@ -42,7 +42,8 @@ def _length_one_batch() -> dict:
     """Every target has length 1: tgt_in = [BOS], tgt_out = [EOS] (or no target at all)."""
     src = np.array([[97, 98, 259, PAD], [99, 100, 101, 259]])
     seg = np.array([[0, 0, 1, 0], [0, 0, 0, 1]])
-    return {"src": src, "seg": seg, "tgt_in": np.array([[BOS], [BOS]]), "tgt_out": np.array([[EOS], [PAD]]),
+    return {"src": src, "seg": seg, "tgt_in": np.array([[BOS], [BOS]]),
+            "tgt_out": np.array([[EOS], [PAD]]),
             "label": np.array([1.0, 0.0]), "weight": np.array([1.0, 6.0])}
 
 

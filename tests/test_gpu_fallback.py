@@ -331,7 +331,7 @@ def test_serving_failures_in_the_trainer_thread_fall_back_instead_of_crashing(tm
     running trainer thread: counted the same way, and the thread lives on, on the CPU."""
     store, trainer, serving, events, made = _gpu_trainer(tmp_path, monkeypatch,
                                                          idle_steps_per_second=0.0)
-    serving.current.model.ops.fail_sigmoid = 3
+    serving.current.model.ops.fail_gate = 3
     store.append_signals([_sig(i) for i in range(40)])
     trainer.start()
     try:

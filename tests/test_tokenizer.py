@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import numpy as np
-
 import dataclasses
+
+import numpy as np
 
 from gated.engine import BOS, EOS, PAD, SEP, ModelConfig, build_batch, decode_bytes, encode_source
 from gated.engine.tokenizer import CUT_MARK, abbreviate, encode_reason, fit_call

@@ -32,7 +32,7 @@ class ModelConfig:
     #: Bytes an abbreviated history entry may take: the budget is what the current call
     #: leaves, shared among the entries, clamped to [min, max].
     history_entry_min: int = 12
-    history_entry_max: int = 48
+    history_entry_max: int = 24
     #: The wide path: hashed byte n-grams (1..wide_ngram) of the call and of the history,
     #: one linear logit added to the gate's. 0 buckets = no wide path.
     wide_buckets: int = 1 << 18

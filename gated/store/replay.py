@@ -7,6 +7,14 @@ false-negative examples: a person said the gate was wrong, so the model must nev
 rehearsing them). Counters live under ``b"#..."`` keys of the same database, updated in the
 same transaction as the slots.
 
+A newer example for the same (context, history) fingerprint SUPERSEDES the stored one
+(DESIGN.md section 2), through the index ``b"f" + fingerprint`` -> slot key: a
+correction relabels it (an ordinary example becomes a locked one), a newer decision
+relabels an ordinary example in place, and a newer decision that contradicts a locked
+example unlocks it. So no stale label of a call is ever replayed. After a detected
+policy change the trainer calls `reservoir_forget_before` to drop the ordinary examples
+labelled under the old policy (each record keeps its signal's sequence number).
+
 Capacity is shared: a locked example that arrives when every slot is taken evicts a random
 unlocked one. When *all* slots are locked, locked examples are still kept -- the reservoir
 grows past its capacity, by at most one example per human correction -- and unlocked
@@ -72,6 +80,10 @@ def _rng_restore(rng: Any, state: Any) -> None:
         rng.bit_generator.state = state
 
 
+def _index_key(fp: bytes) -> bytes:
+    return b"f" + fp
+
+
 def is_locked(example: Mapping[str, Any]) -> bool:
     locked = example.get("locked")
     if locked is not None:
@@ -90,6 +102,10 @@ def _record(ex: Mapping[str, Any], locked: bool) -> bytes:
         rec["feedback"] = ex["feedback"]
     if locked:
         rec["locked"] = True
+    if ex.get("fp") is not None:
+        rec["fp"] = bytes(ex["fp"])
+    if ex.get("seq") is not None:
+        rec["seq"] = int(ex["seq"])
     return pack(rec)
 
 
@@ -97,7 +113,8 @@ def _example(data: bytes | memoryview) -> dict[str, Any]:
     rec = unpack(data)
     return {"context": rec["context"], "history": rec.get("history") or [],
             "reason": rec.get("reason"), "label": rec["label"], "weight": rec["weight"],
-            "feedback": rec.get("feedback"), "locked": bool(rec.get("locked", False))}
+            "feedback": rec.get("feedback"), "locked": bool(rec.get("locked", False)),
+            "seq": rec.get("seq"), "fp": rec.get("fp")}
 
 
 class Reservoir(StoreBase):
@@ -112,6 +129,63 @@ class Reservoir(StoreBase):
         vals = [txn.get(k, db=db) for k in (_NU, _NL, _SEEN)]
         nu, nl, seen = (from_u64(v) if v is not None else 0 for v in vals)
         return nu, nl, seen
+
+    # --- dense slot ranges with a fingerprint index (all inside one write transaction) ---
+    def _put(self, txn: lmdb.Transaction, key: bytes, data: bytes) -> None:
+        """Write a slot and point its record's fingerprint at it; the record it replaces
+        loses its index entry."""
+        db = self._db("replay")
+        old = txn.get(key, db=db)
+        if old is not None:
+            self._unindex(txn, key, unpack(old).get("fp"))
+        txn.put(key, data, db=db)
+        fp = unpack(data).get("fp")
+        if fp is not None:
+            txn.put(_index_key(fp), key, db=db)
+
+    def _unindex(self, txn: lmdb.Transaction, key: bytes, fp: bytes | None) -> None:
+        db = self._db("replay")
+        if fp is not None and txn.get(_index_key(fp), db=db) == key:
+            txn.delete(_index_key(fp), db=db)
+
+    def _remove(self, txn: lmdb.Transaction, key: bytes, nu: int, nl: int) -> tuple[int, int]:
+        """Remove one slot, moving the last slot of its range into the hole; returns the
+        new (nu, nl)."""
+        db = self._db("replay")
+        locked = key[:1] == b"l"
+        last = _lkey(nl - 1) if locked else _ukey(nu - 1)
+        self._unindex(txn, key, unpack(txn.get(key, db=db)).get("fp"))
+        if key != last:
+            moved = txn.get(last, db=db)
+            self._unindex(txn, last, unpack(moved).get("fp"))
+            self._put(txn, key, bytes(moved))
+        txn.delete(last, db=db)
+        return (nu, nl - 1) if locked else (nu - 1, nl)
+
+    def _supersede(self, txn: lmdb.Transaction, locked: bool, ex: Mapping[str, Any],
+                   nu: int, nl: int) -> tuple[bool, int, int]:
+        """Apply a newer example to the stored one of the same fingerprint, if any.
+
+        Returns (done, nu, nl): done when the example took the old one's slot (or was
+        absorbed by an agreeing locked one); otherwise the caller stores it as new."""
+        fp = ex.get("fp")
+        if fp is None:
+            return False, nu, nl
+        db = self._db("replay")
+        key = txn.get(_index_key(fp), db=db)
+        if key is None:
+            return False, nu, nl
+        key = bytes(key)
+        old_locked = key[:1] == b"l"
+        if old_locked == locked:  # same kind: relabel in place
+            self._put(txn, key, _record(ex, locked))
+            return True, nu, nl
+        if old_locked and float(unpack(txn.get(key, db=db))["label"]) == float(ex["label"]):
+            return True, nu, nl  # a newer decision agrees with the correction: keep it locked
+        # A correction of an ordinary example, or a newer decision contradicting a locked
+        # one: take the old slot out; the caller stores the new example in its own range.
+        nu, nl = self._remove(txn, key, nu, nl)
+        return False, nu, nl
 
     def reservoir_add(self, examples: Sequence[Mapping[str, Any]], rng: Any) -> int:
         """Offer training examples to the reservoir (one transaction); returns how many
@@ -141,17 +215,16 @@ class Reservoir(StoreBase):
                     if seq <= max_seq:
                         continue  # offered before a restart re-trained it: not twice
                     max_seq = seq
+                done, nu, nl = self._supersede(txn, locked, ex, nu, nl)
+                if done:
+                    stored += 1
+                    continue
                 if locked:
                     if nu + nl >= cap and nu > 0:  # evict a random unlocked example
-                        j = randbelow(rng, nu)
-                        last = txn.get(_ukey(nu - 1), db=db)
-                        if j != nu - 1:
-                            txn.put(_ukey(j), last, db=db)
-                        txn.delete(_ukey(nu - 1), db=db)
-                        nu -= 1
+                        nu, nl = self._remove(txn, _ukey(randbelow(rng, nu)), nu, nl)
                     elif nu + nl >= cap:
                         saturated = True
-                    txn.put(_lkey(nl), _record(ex, True), db=db)
+                    self._put(txn, _lkey(nl), _record(ex, True))
                     nl += 1
                     stored += 1
                     continue
@@ -161,13 +234,13 @@ class Reservoir(StoreBase):
                     saturated = True
                     continue
                 if nu < room:
-                    txn.put(_ukey(nu), _record(ex, False), db=db)
+                    self._put(txn, _ukey(nu), _record(ex, False))
                     nu += 1
                     stored += 1
                 else:
                     j = randbelow(rng, seen)
                     if j < nu:
-                        txn.put(_ukey(j), _record(ex, False), db=db)
+                        self._put(txn, _ukey(j), _record(ex, False))
                         stored += 1
             txn.put(_NU, u64(nu), db=db)
             txn.put(_NL, u64(nl), db=db)
@@ -184,6 +257,31 @@ class Reservoir(StoreBase):
                         "its capacity) but new ordinary examples are not; raise replay_slots",
                         cap)
         return stored
+
+    def reservoir_forget_before(self, seq: int) -> int:
+        """Drop the ordinary (unlocked) examples of signals before `seq` -- labelled under a
+        policy that a detected drift says has changed -- in one transaction. Locked
+        corrections stay. Reservoir sampling restarts over what is kept, so the sample
+        stays uniform over the signals since `seq`. Returns how many were dropped."""
+
+        def fn(txn: lmdb.Transaction) -> int:
+            db = self._db("replay")
+            nu, nl, _ = self._counters(txn)
+            kept = []
+            for i in range(nu):
+                raw = bytes(txn.get(_ukey(i), db=db))
+                rec = unpack(raw)
+                self._unindex(txn, _ukey(i), rec.get("fp"))
+                txn.delete(_ukey(i), db=db)
+                if rec.get("seq") is not None and rec["seq"] >= seq:
+                    kept.append(raw)
+            for i, raw in enumerate(kept):
+                self._put(txn, _ukey(i), raw)
+            txn.put(_NU, u64(len(kept)), db=db)
+            txn.put(_SEEN, u64(len(kept)), db=db)
+            return nu - len(kept)
+
+        return self._write_with_metrics(fn, what=f"dropping replay examples before seq {seq}")
 
     def reservoir_sample(self, n: int, rng: Any) -> list[dict[str, Any]]:
         """Up to ``n`` distinct examples drawn uniformly (locked and unlocked alike) with

@@ -1,0 +1,101 @@
+"""What progressive validation feeds, in one place: alignment (vs the gate and vs the
+corrected labels), calibration quality, Platt fitting and drift detection.
+
+The trainer scores every fresh signal with the serving snapshot before training on it and
+hands each (signal, logit, calibrated p) here; this object answers "how good is the gate
+now", "did the policy change" and "what calibration should serving use".
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..signals import CORRECTIONS
+from .calibration import PlattCalibrator, brier_score, expected_calibration_error
+from .drift import PageHinkley
+from .progressive import AlignmentWindow, CorrectedAlignment
+
+
+@dataclass(frozen=True)
+class MonitorSettings:
+    window: int = 1000
+    calibration_window: int = 2000
+    drift_delta: float = 0.01
+    drift_threshold: float = 12.0
+    drift_min_samples: int = 200
+    drift_adapt_signals: int = 1000
+
+
+class Monitor:
+    """Progressive-validation state; `observe` once per scored fresh signal."""
+
+    def __init__(self, s: MonitorSettings | None = None) -> None:
+        s = s or MonitorSettings()
+        self.settings = s
+        self.window = AlignmentWindow(s.window)
+        self.corrected = CorrectedAlignment(s.window)
+        self.calibrator = PlattCalibrator(size=s.calibration_window)
+        self.drift = PageHinkley(s.drift_delta, s.drift_threshold, s.drift_min_samples)
+        self._recent: deque[tuple[float, float]] = deque(maxlen=s.window)  # (p_cal, label)
+        self._seqs: deque[int] = deque(maxlen=20_000)  # seq of each drift observation
+        self._run = 0  # observations since the detector's last reset
+        self.adapt_until = 0  # total_scored at which adaptation after a drift ends
+        self.last_drift_seq: int | None = None
+
+    def observe(self, seq: int, fingerprint: bytes, feedback: str | None, label: float,
+                z: float, p: float) -> int | None:
+        """Record one scored signal. Returns the sequence number where a policy change
+        began when this observation confirms one, else None."""
+        self.window.add(p, label)
+        if feedback in CORRECTIONS:
+            self.corrected.correct(fingerprint, label)
+        else:
+            self.corrected.add(fingerprint, p, label)
+        self._recent.append((p, label))
+        self.calibrator.update(z, label)
+        self._seqs.append(seq)
+        self._run += 1
+        start = self.drift.update(float((p < 0.5) != (label < 0.5)))
+        if start is None:
+            return None
+        # `start` observations of this detector run came before the change; the deque
+        # holds the last len(_seqs) of the run's `_run` observations.
+        i = max(0, min(len(self._seqs) - 1, start - (self._run - len(self._seqs))))
+        began = self._seqs[i]
+        self._seqs.clear()
+        self._run = 0
+        self.adapt_until = self.window.total_scored + self.settings.drift_adapt_signals
+        self.last_drift_seq = began
+        return began
+
+    @property
+    def adapting(self) -> bool:
+        """True for `drift_adapt_signals` signals after a detected drift."""
+        return self.window.total_scored < self.adapt_until
+
+    def stats(self) -> dict[str, float]:
+        p = np.array([a for a, _ in self._recent])
+        y = np.array([b for _, b in self._recent])
+        return {"alignment": self.window.alignment,
+                "alignment_corrected": self.corrected.alignment,
+                "ece": expected_calibration_error(p, y), "brier": brier_score(p, y),
+                "calibration_a": self.calibrator.a, "calibration_b": self.calibrator.b,
+                "drift_detections": float(self.drift.detections),
+                "adapting": float(self.adapting)}
+
+    def state(self) -> dict:
+        return {"corrected": self.corrected.dump(), "calibrator": self.calibrator.state(),
+                "drift": self.drift.state(), "recent": [list(r) for r in self._recent],
+                "adapt_left": max(0, self.adapt_until - self.window.total_scored)}
+
+    def load(self, state: dict | None) -> None:
+        if not state:
+            return
+        self.corrected.load(state.get("corrected", []))
+        self.calibrator.load(state.get("calibrator"))
+        self.drift.load(state.get("drift"))
+        self._recent.extend(tuple(r) for r in state.get("recent", []))
+        self.adapt_until = self.window.total_scored + int(state.get("adapt_left", 0))
