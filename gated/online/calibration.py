@@ -50,24 +50,38 @@ class PlattCalibrator:
             return True
         return False
 
-    def fit(self, iters: int = 25) -> None:
-        """Newton's method on the mean log-loss (+ a small ridge towards a=1, b=0)."""
+    def fit(self, iters: int = 50) -> None:
+        """Damped Newton on the mean log-loss (+ a small ridge towards a=1, b=0): each
+        step is halved until the loss falls, so it converges from any start."""
         z, y = np.asarray(self.z), np.asarray(self.y)
-        a, b = self.a, self.b
-        n = len(z)
+        theta = np.array([self.a, self.b])
+        prior = np.array([1.0, 0.0])
+
+        def loss(t: np.ndarray) -> float:
+            u = t[0] * z + t[1]
+            return float(np.mean(np.logaddexp(0.0, u) - y * u)
+                         + 0.5 * self.l2 * np.sum((t - prior) ** 2))
+
+        current = loss(theta)
         for _ in range(iters):
-            p = _sigmoid(a * z + b)
-            r = p - y
-            g = np.array([r @ z / n + self.l2 * (a - 1.0), r.sum() / n + self.l2 * b])
-            w = p * (1.0 - p)
-            h = np.array([[w @ (z * z) / n + self.l2, w @ z / n],
-                          [w @ z / n, w.sum() / n + self.l2]])
+            p = _sigmoid(theta[0] * z + theta[1])
+            r, w = p - y, p * (1.0 - p)
+            g = np.array([np.mean(r * z), np.mean(r)]) + self.l2 * (theta - prior)
+            h = np.array([[np.mean(w * z * z), np.mean(w * z)],
+                          [np.mean(w * z), np.mean(w)]]) + self.l2 * np.eye(2)
             step = np.linalg.solve(h, g)
-            a, b = a - step[0], b - step[1]
-            if abs(step).max() < 1e-9:
+            t = 1.0
+            while t > 1e-6 and loss(theta - t * step) > current:
+                t *= 0.5
+            if t <= 1e-6:
                 break
+            theta = theta - t * step
+            current = loss(theta)
+            if np.abs(t * step).max() < 1e-9:
+                break
+        a, b = float(theta[0]), float(theta[1])
         if math.isfinite(a) and math.isfinite(b) and a > 0:  # never invert the gate
-            self.a, self.b = float(a), float(b)
+            self.a, self.b = a, b
         self._since_fit = 0
 
     def state(self) -> dict:

@@ -5,19 +5,27 @@ fresh signals (each scored before it is trained on). Page-Hinkley accumulates
 m_t = sum (e_i - mean_i - delta) and alarms when m_t - min m > threshold: it ignores
 isolated mistakes (a noisy gate) and fires within tens of signals of a jump from ~5% to
 ~25% errors. It also estimates where the change began (the index of min m), which the
-trainer uses to stop replaying examples labelled under the old policy.
+trainer uses to stop replaying examples labelled under the old policy. Page-Hinkley's own
+estimate (where the cumulative sum was lowest) wanders by hundreds of signals when the
+error rate is low, so the start is re-estimated at the alarm by the best two-segment
+Bernoulli split of the recent errors (maximum likelihood, one pass over cumulative sums).
 """
 
 from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
 
 
 class PageHinkley:
     """One-sided (increase) Page-Hinkley test over a stream of 0/1 errors."""
 
     def __init__(self, delta: float = 0.01, threshold: float = 12.0,
-                 min_samples: int = 200) -> None:
+                 min_samples: int = 200, memory: int = 2000) -> None:
         self.delta, self.threshold, self.min_samples = delta, threshold, min_samples
         self.detections = 0
+        self._recent: deque[float] = deque(maxlen=memory)
         self.reset()
 
     def reset(self) -> None:
@@ -27,21 +35,40 @@ class PageHinkley:
         self.cum = 0.0
         self.cum_min = 0.0
         self.min_at = 0  # index (within this run) where the cumulative sum was lowest
+        self._recent.clear()
 
     def update(self, error: float) -> int | None:
         """Add one observation; returns the estimated change index (observations since the
         last reset before the change began) when drift is detected, else None."""
         self.n += 1
+        self._recent.append(error)
         self.mean += (error - self.mean) / self.n
         self.cum += error - self.mean - self.delta
         if self.cum < self.cum_min:
             self.cum_min, self.min_at = self.cum, self.n
         if self.n >= self.min_samples and self.cum - self.cum_min > self.threshold:
-            start = self.min_at
+            start = self.n - len(self._recent) + self._best_split()
             self.detections += 1
             self.reset()
             return start
         return None
+
+    def _best_split(self) -> int:
+        """k maximising the two-segment Bernoulli log-likelihood of the recent errors
+        (segment means before and after k), with the later segment's rate the higher."""
+        x = np.asarray(self._recent, dtype=np.float64)
+        n = x.size
+        k = np.arange(1, n)
+        ones = np.cumsum(x)[:-1]
+        after = x.sum() - ones
+
+        def ll(c: np.ndarray, m: np.ndarray) -> np.ndarray:
+            q = np.clip(c / m, 1e-9, 1 - 1e-9)
+            return c * np.log(q) + (m - c) * np.log(1 - q)
+
+        score = ll(ones, k) + ll(after, n - k)
+        score[after / (n - k) <= ones / k] = -np.inf  # only rises are drift
+        return int(k[np.argmax(score)]) if np.isfinite(score).any() else self.min_at
 
     def state(self) -> dict:
         return {"n": self.n, "mean": self.mean, "cum": self.cum, "cum_min": self.cum_min,

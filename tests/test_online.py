@@ -1,0 +1,186 @@
+"""The online-learning verbs: drift detection, calibration, corrected alignment, and the
+replay reservoir's supersession (real LMDB in a temp dir)."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+
+from gated.online import (
+    CorrectedAlignment,
+    PageHinkley,
+    PlattCalibrator,
+    brier_score,
+    expected_calibration_error,
+)
+from gated.online.monitor import Monitor, MonitorSettings
+from gated.signals import context_fingerprint
+from gated.store import Store
+
+
+def _errors(rng: random.Random, rate: float, n: int) -> list[float]:
+    return [float(rng.random() < rate) for _ in range(n)]
+
+
+def test_page_hinkley_fires_soon_after_a_jump_and_locates_it():
+    rng = random.Random(0)
+    ph = PageHinkley()
+    stream = _errors(rng, 0.05, 1500) + _errors(rng, 0.30, 500)
+    alarms = [(i, s) for i, e in enumerate(stream) if (s := ph.update(e)) is not None]
+    assert alarms, "a jump from 5% to 30% errors must be detected"
+    at, start = alarms[0]
+    assert 1500 <= at <= 1500 + 150
+    assert abs(start - 1500) <= 80  # the change point estimate
+
+
+def test_page_hinkley_stays_quiet_on_a_noisy_but_stationary_gate():
+    for seed in range(5):
+        rng = random.Random(seed)
+        ph = PageHinkley()
+        assert all(ph.update(e) is None for e in _errors(rng, 0.06, 6000)), seed
+    # ...and on a learning curve: errors that FALL are not drift
+    rng = random.Random(9)
+    ph = PageHinkley()
+    falling = [float(rng.random() < 0.5 * np.exp(-i / 500)) for i in range(4000)]
+    assert all(ph.update(e) is None for e in falling)
+
+
+def test_platt_recovers_a_known_miscalibration_and_lowers_ece():
+    rng = np.random.default_rng(0)
+    z = rng.normal(0, 3, 4000)
+    y = (rng.random(4000) < 1 / (1 + np.exp(-(0.4 * z - 0.8)))).astype(float)
+    cal = PlattCalibrator(size=4000, refit_every=10**9, min_samples=1)
+    for zi, yi in zip(z, y, strict=True):
+        cal.update(zi, yi)
+    cal.fit()
+    assert abs(cal.a - 0.4) < 0.06 and abs(cal.b + 0.8) < 0.15
+    raw = 1 / (1 + np.exp(-z))
+    assert expected_calibration_error(cal(z), y) < 0.03 < expected_calibration_error(raw, y)
+    assert brier_score(cal(z), y) < brier_score(raw, y)
+
+
+def test_platt_is_identity_until_it_has_data_and_never_inverts_the_gate():
+    cal = PlattCalibrator(min_samples=200)
+    assert cal.params == (1.0, 0.0) and float(cal(0.0)) == 0.5
+    for _ in range(300):  # labels opposite to the logit: the fit would want a < 0
+        cal.update(3.0, 0.0)
+        cal.update(-3.0, 1.0)
+    assert cal.a > 0
+
+
+def test_corrected_alignment_relabels_the_predictions_of_a_corrected_call():
+    w = CorrectedAlignment(10)
+    a, b = b"a" * 16, b"b" * 16
+    w.add(a, 0.9, 1.0)  # predicted allow, gate said allow
+    w.add(b, 0.2, 0.0)
+    assert w.alignment == 1.0
+    assert w.correct(a, 0.0) == 1  # a person: that call was harmful
+    assert w.alignment == 0.5
+
+
+def test_monitor_reports_drift_with_the_signal_where_it_began():
+    mon = Monitor(MonitorSettings(drift_adapt_signals=100))
+    rng = random.Random(1)
+    fp = b"x" * 16
+    began = None
+    for seq in range(1, 2500):
+        wrong = rng.random() < (0.05 if seq < 2000 else 0.35)
+        p, label = (0.9, 0.0) if wrong else (0.9, 1.0)
+        out = mon.observe(seq, fp, None, label, 2.0, p)
+        if out is not None:
+            began, at = out, seq
+            break
+    assert began is not None and abs(began - 2000) <= 80 and mon.adapting
+    assert mon.stats()["drift_detections"] == 1.0 and at > began
+
+
+# --- the reservoir: supersession by (context, history) fingerprint ----------------------
+
+
+def _ex(context: str, label: float, seq: int, feedback: str | None = None,
+        history: list[str] | None = None) -> dict:
+    return {"context": context, "history": history or [], "reason": None, "label": label,
+            "weight": 1.0, "feedback": feedback, "seq": seq,
+            "fp": context_fingerprint(context, history)}
+
+
+def _held(store: Store) -> dict[tuple[str, tuple], tuple[float, bool]]:
+    out = {}
+    for e in store.reservoir_sample(1000, random.Random(0)):
+        key = (e["context"], tuple(e["history"]))
+        assert key not in out, f"{key} is stored twice"
+        out[key] = (e["label"], e["locked"])
+    return out
+
+
+def test_a_correction_supersedes_the_mistaken_example(tmp_path):
+    store = Store(tmp_path / "s")
+    rng = random.Random(0)
+    store.reservoir_add([_ex("db.query DROP TABLE x", 1.0, 1, history=["fs.read a"]),
+                         _ex("fs.read b", 1.0, 2)], rng)
+    # the gate allowed it (label 1); a person reports a false negative: label 0, locked
+    store.reservoir_add([_ex("db.query DROP TABLE x", 0.0, 3, "false_negative",
+                             history=["fs.read a"])], rng)
+    held = _held(store)
+    assert held[("db.query DROP TABLE x", ("fs.read a",))] == (0.0, True)
+    assert store.reservoir_stats()["size"] == 2 and store.reservoir_stats()["locked"] == 1
+    # the same context in ANOTHER session (other history) is another call: not touched
+    store.reservoir_add([_ex("db.query DROP TABLE x", 1.0, 4, history=["ls"])], rng)
+    assert _held(store)[("db.query DROP TABLE x", ("fs.read a",))] == (0.0, True)
+    store.close()
+
+
+def test_newer_decisions_relabel_and_unlock(tmp_path):
+    store = Store(tmp_path / "s")
+    rng = random.Random(0)
+    store.reservoir_add([_ex("http.request GET x", 1.0, 1),
+                         _ex("pkg.install foo", 1.0, 2, "false_positive")], rng)
+    # policy v2: the same calls are now blocked by the gate
+    store.reservoir_add([_ex("http.request GET x", 0.0, 3), _ex("pkg.install foo", 0.0, 4)],
+                        rng)
+    held = _held(store)
+    assert held[("http.request GET x", ())] == (0.0, False)  # relabelled in place
+    assert held[("pkg.install foo", ())] == (0.0, False)  # contradicted lock: unlocked
+    # a decision that AGREES with a correction leaves it locked
+    store.reservoir_add([_ex("git.push main", 0.0, 5, "false_negative")], rng)
+    store.reservoir_add([_ex("git.push main", 0.0, 6)], rng)
+    assert _held(store)[("git.push main", ())] == (0.0, True)
+    assert store.reservoir_stats()["size"] == 3
+    store.close()
+
+
+def test_supersession_keeps_the_index_right_through_evictions(tmp_path):
+    """Random replacement (Algorithm R) and evictions move slots; a later correction of
+    any call still finds its one example."""
+    store = Store(tmp_path / "s", replay_slots=20)
+    rng = random.Random(3)
+    store.reservoir_add([_ex(f"call {i}", 1.0, i + 1) for i in range(200)], rng)
+    store.reservoir_add([_ex(f"fix {i}", 0.0, 300 + i, "false_negative") for i in range(5)],
+                        rng)
+    held = _held(store)
+    assert len(held) == 20
+    assert sum(locked for _, locked in held.values()) == 5  # evicted ordinary ones for room
+    for n, ((ctx, _), (_, locked)) in enumerate(held.items()):
+        if not locked:
+            store.reservoir_add([_ex(ctx, 0.5, 1000 + n)], rng)
+    after = _held(store)
+    assert len(after) == 20
+    assert sorted(k for k, (lab, _) in after.items() if lab == 0.5) == sorted(
+        k for k, (_, lk) in held.items() if not lk)
+    store.close()
+
+
+def test_forget_before_drops_old_ordinary_examples_and_keeps_corrections(tmp_path):
+    store = Store(tmp_path / "s")
+    rng = random.Random(0)
+    store.reservoir_add([_ex(f"old {i}", 1.0, i + 1) for i in range(30)], rng)
+    store.reservoir_add([_ex("old fix", 0.0, 31, "false_negative")], rng)
+    store.reservoir_add([_ex(f"new {i}", 0.0, 100 + i) for i in range(10)], rng)
+    assert store.reservoir_forget_before(100) == 30
+    held = _held(store)
+    assert set(held) == {("old fix", ())} | {(f"new {i}", ()) for i in range(10)}
+    # the index still works after the rewrite
+    store.reservoir_add([_ex("new 3", 1.0, 200)], rng)
+    assert _held(store)[("new 3", ())] == (1.0, False) and store.reservoir_size() == 11
+    store.close()
