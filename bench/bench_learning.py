@@ -1,17 +1,29 @@
-"""Learning-speed benchmark: progressive alignment of the real trainer on a synthetic stream.
+"""Learning benchmark: the real trainer on realistic gateway traffic, scored against the
+TRUE label, beside an online hashed n-gram logistic regression (DESIGN.md section 6).
 
-DESIGN.md section 6: on a realistic gateway stream arriving at 20 signals/s, at the
-default preset on the CPU, progressive alignment reaches 0.95 over 1000 signals within
-3,000 signals, and after the policy changes it is back above 0.90 within 1,500 signals.
+The stream (gated.traffic): MCP-style tool calls of 11 tools from interleaved agent
+sessions that pass their history, 12 block categories (one depends on the history: an
+outbound POST or e-mail after the session read a secret), a gate that is wrong ~6% of
+the time with ~80% of its mistakes corrected 5-50 signals later, and a policy change
+that flips ~22% of traffic at `--switch-at`.
 
-This drives the daemon's own `Trainer` (real LMDB store in a temp dir, real replay
-reservoir, real serving snapshot and swaps) step by step, on a *virtual* clock: signals
-arrive at `--rate` per second of virtual time and each step advances the clock by its
-measured wall time, so a slow machine sees more signals per step, exactly as the daemon
-would. The synthetic gateway switches from policy v1 to v2 (downloads become blocked)
-after `--switch-at` signals.
+gated runs as the daemon runs it: the daemon's `Trainer` (real LMDB store in a temp dir,
+real replay reservoir, serving snapshot, swaps, calibration, drift detection), stepped on
+a VIRTUAL clock: signals arrive at `--rate` per second of virtual time and each step
+advances the clock by its measured wall time, so a slow machine sees more signals per
+step, exactly as the daemon would; the queue (arrived, not yet trained) is recorded.
+Every ordinary signal is scored by the serving model before it is trained on
+(progressive validation) and compared with the TRUE label, never with the noisy gate.
 
-    .venv/bin/python bench/bench_learning.py --preset flint --lr 1e-3 --write
+The anchor sees the same signals with no time budget (it learns from every one, as
+fast as it likes), the same labels (gate decisions and corrections) and the same
+history. Probes, evaluated off the clock at each checkpoint: calls built only from
+held-out values (unseen hosts, paths, tables, ...) and history-rule pairs (the same
+outbound call with and without a secret read 1-10 calls back).
+
+    .venv/bin/python bench/bench_learning.py --write
+    .venv/bin/python bench/bench_learning.py --lr 3e-4 1e-3 2e-3 --signals 4000  # sweep
+    .venv/bin/python bench/bench_learning.py --variant v1-deep --variant v2 --write-ablation
 """
 
 from __future__ import annotations
@@ -20,101 +32,244 @@ import argparse
 import dataclasses
 import os
 import platform
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
-from gated.config import TrainConfig
-from gated.engine import ModelConfig
-from gated.store import Store
-from gated.synthetic import SyntheticGateway
-from gated.trainer import build_trainer
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from anchor import HashedNgramLR, anchor_text  # noqa: E402
+
+from gated.config import TrainConfig  # noqa: E402
+from gated.engine import ModelConfig  # noqa: E402
+from gated.online import brier_score, expected_calibration_error  # noqa: E402
+from gated.store import Store  # noqa: E402
+from gated.traffic import GatewayTraffic  # noqa: E402
+from gated.trainer import build_trainer  # noqa: E402
+
+CHECK_EVERY = 500
+#: Model variants for the ablation (DESIGN.md section 1's revision).
+VARIANTS = {
+    "v2": {},  # format 2 + the wide path: the default
+    "v2-deep": {"wide_buckets": 0},  # format 2, transformer only
+    "v1-deep": {"source_format": 1, "wide_buckets": 0},  # the encoding before the change
+}
 
 
-def run(preset: str, lr: float, rate: float, n_signals: int, switch_at: int,
-        seed: int) -> dict:
-    cfg = ModelConfig.preset(preset)
-    settings = dataclasses.replace(TrainConfig(), lr=lr)
+def _acc(p: list[float], y: list[bool]) -> float:
+    return float(np.mean([(pi >= 0.5) == yi for pi, yi in zip(p, y, strict=True)])) if p else 0.0
+
+
+def _recall_block(p: list[float], y: list[bool]) -> float:
+    blocks = [pi < 0.5 for pi, yi in zip(p, y, strict=True) if not yi]
+    return float(np.mean(blocks)) if blocks else float("nan")
+
+
+class Probes:
+    """Held-out-value probes and history-rule pairs, TRUE-labelled, regenerated under the
+    policy in force."""
+
+    def __init__(self, traffic: GatewayTraffic, n: int, seed: int) -> None:
+        self.traffic, self.n, self.seed = traffic, n, seed
+        self._cache: dict[str, tuple[list, list]] = {}
+
+    def sets(self) -> tuple[list, list]:
+        pol = self.traffic.policy
+        if pol not in self._cache:
+            self._cache[pol] = (self.traffic.probes(self.n, self.seed),
+                                self.traffic.history_probes(self.n, self.seed + 1))
+        return self._cache[pol]
+
+    def evaluate(self, predict) -> dict[str, float]:
+        unseen, hist = self.sets()
+        pu = predict([(e.signal["context"], e.signal.get("history")) for e in unseen])
+        ph = predict([(e.signal["context"], e.signal.get("history")) for e in hist])
+        yu = [e.true_allow for e in unseen]
+        yh = [e.true_allow for e in hist]
+        return {"unseen": _acc(list(pu), yu), "unseen_block_recall": _recall_block(list(pu), yu),
+                "history": _acc(list(ph), yh)}
+
+
+def run(preset: str, lr: float, rate: float, n_signals: int, switch_at: int, seed: int,
+        variant: str = "v2", probes: int = 200, settings_kw: dict | None = None) -> dict:
+    cfg = dataclasses.replace(ModelConfig.preset(preset), **VARIANTS[variant])
+    settings = dataclasses.replace(TrainConfig(), lr=lr, **(settings_kw or {}))
+    traffic = GatewayTraffic(seed=seed)
+    probe = Probes(GatewayTraffic(seed=seed), probes, seed + 1000)
+    anchor = HashedNgramLR()
     with tempfile.TemporaryDirectory(prefix="gated-learn-") as tmp:
         store = Store(tmp)
-        trainer, _ = build_trainer(store, cfg, settings, seed=seed)
-        gen = SyntheticGateway(seed=seed)
-        clock, produced, steps = 0.0, 0, 0
-        converged_at = recovered_after = None
-        dipped = False
-        trace = []
-        while trainer.window.total_scored < n_signals:
+        trainer, serving = build_trainer(store, cfg, settings, seed=seed)
+        events: dict[int, object] = {}  # seq -> Event
+        scored: list[tuple[float, bool]] = []  # gated (p, true_allow), ordinary signals
+        anchored: list[tuple[float, bool]] = []
+        rows, queue_trace = [], []
+        clock, produced, steps, trained_examples = 0.0, 0, 0, 0
+        next_check = CHECK_EVERY
+        max_queue = 0
+        while True:
             due = min(n_signals, int(clock * rate) + 1)
             if due > produced:
-                batch = []
+                batch, evs = [], []
                 for _ in range(due - produced):
                     if produced == switch_at:
-                        gen.policy = "v2"
-                    batch.append(gen.signal())
+                        traffic.policy = "v2"
+                        probe.traffic.policy = "v2"
+                    ev = traffic.next()
+                    evs.append(ev)
+                    batch.append(ev.signal)
                     produced += 1
-                store.append_signals(batch)
-            fresh = store.read_signals(trainer.status.last_trained_seq, settings.batch_size)
+                    # the anchor: predict, then learn, on every signal as it arrives
+                    text = anchor_text(ev.signal["context"], ev.signal.get("history"))
+                    if not ev.is_correction:
+                        anchored.append((anchor.predict_proba(text), ev.true_allow))
+                    y, w = _label_weight(ev.signal)
+                    anchor.learn(text, y, w)
+                for ev, (seq, _dup) in zip(evs, store.append_signals(batch), strict=True):
+                    events[seq] = ev
+            fresh = store.read_signals(trainer.status.last_trained_seq, settings.fresh_per_step)
             if not fresh:
+                if produced >= n_signals:
+                    break
                 clock = produced / rate
                 continue
             t0 = time.perf_counter()
-            trainer.train_on(fresh)
+            info = trainer.train_on(fresh)
             clock += time.perf_counter() - t0
-            steps += 1
-            w = trainer.window
-            n = w.total_scored
-            if converged_at is None and w.full and w.alignment >= 0.95:
-                converged_at = n
-            if n > switch_at:
-                dipped = dipped or w.alignment < 0.90
-                if dipped and recovered_after is None and w.alignment > 0.90:
-                    recovered_after = n - switch_at
-            if not trace or n - trace[-1][0] >= 250:
-                trace.append((n, round(w.alignment, 3)))
+            steps += info is not None
+            for seq, p in trainer.last_scores:
+                ev = events.pop(seq)
+                if not ev.is_correction:
+                    scored.append((p, ev.true_allow))
+            queue = produced - trainer.status.last_trained_seq
+            max_queue = max(max_queue, queue)
+            if len(scored) >= next_check or (produced >= n_signals and not events):
+                n = len(scored)
+                g = scored[-CHECK_EVERY:]
+                a = anchored[n - CHECK_EVERY: n] if n >= CHECK_EVERY else anchored[:n]
+                pr_g = probe.evaluate(lambda items: serving.predict_many(items)[0])
+                pr_a = probe.evaluate(lambda items: [anchor.predict_proba(anchor_text(c, h))
+                                                     for c, h in items])
+                rows.append({
+                    "n": n, "policy": traffic.policy, "virtual_s": round(clock, 1),
+                    "queue": queue, "steps": steps,
+                    "gated": _acc(*zip(*g, strict=True)),
+                    "anchor": _acc(*zip(*a, strict=True)),
+                    "gated_block_recall": _recall_block(*zip(*g, strict=True)),
+                    "probe_unseen": pr_g["unseen"], "probe_unseen_anchor": pr_a["unseen"],
+                    "probe_unseen_block_recall": pr_g["unseen_block_recall"],
+                    "probe_history": pr_g["history"], "probe_history_anchor": pr_a["history"],
+                    **{k: round(v, 4) for k, v in trainer.monitor.stats().items()},
+                })
+                print(_row_text(rows[-1]), flush=True)
+                next_check += CHECK_EVERY
+                if produced >= n_signals and not events:
+                    break
+            queue_trace.append((round(clock, 1), queue))
+        trained_examples = trainer.status.step
         store.close()
-    return {"preset": preset, "lr": lr, "steps": steps, "virtual_s": round(clock, 1),
-            "converged_at": converged_at, "dipped": dipped,
-            "recovered_after": recovered_after, "trace": trace}
+    # calibration and allow-band precision against the TRUE label, last 2000 scored
+    tail = scored[-2000:]
+    p = np.array([x for x, _ in tail])
+    y = np.array([float(t) for _, t in tail])
+    allow_band = y[p >= serving.bands.allow]
+    return {"preset": preset, "variant": variant, "lr": lr, "rows": rows, "steps": steps,
+            "virtual_s": round(clock, 1), "max_queue": max_queue,
+            "final_queue": queue_trace[-1][1] if queue_trace else 0,
+            "ece_true": expected_calibration_error(p, y), "brier_true": brier_score(p, y),
+            "allow_band_precision": float(allow_band.mean()) if allow_band.size else float("nan"),
+            "allow_band_share": float((p >= serving.bands.allow).mean()),
+            "switch_at": switch_at, "trained_steps": trained_examples}
+
+
+def _label_weight(sig: dict) -> tuple[float, float]:
+    """The label and weight the daemon derives (DESIGN.md section 2), for the anchor."""
+    fb = sig.get("feedback")
+    if fb in ("false_positive", "override_allow"):
+        return 1.0, 4.0 if fb == "false_positive" else 2.0
+    if fb in ("false_negative", "override_block"):
+        return 0.0, 4.0 if fb == "false_negative" else 2.0
+    return (1.0 if sig["decision"] == "allow" else 0.0), 1.0
+
+
+def _row_text(r: dict) -> str:
+    return (f"| {r['n']} | {r['policy']} | {r['gated']:.3f} | {r['anchor']:.3f} | "
+            f"{r['gated_block_recall']:.2f} | {r['probe_unseen']:.3f} / "
+            f"{r['probe_unseen_anchor']:.3f} | {r['probe_history']:.3f} / "
+            f"{r['probe_history_anchor']:.3f} | {r['ece']:.3f} | {r['queue']} | "
+            f"{r['virtual_s']} |")
+
+
+TABLE_HEAD = ("| ordinary signals scored | policy | gated, last 500 vs TRUE | anchor, last 500 | "
+              "gated block recall | unseen-value probes gated / anchor | history-rule probes "
+              "gated / anchor | ECE (vs signal labels) | queue | virtual s |\n"
+              "| ---: | --- | ---: | ---: | ---: | --- | --- | ---: | ---: | ---: |")
+
+
+def summary(r: dict) -> list[str]:
+    rows, switch = r["rows"], r["switch_at"]
+    beats = all(x["gated"] > x["anchor"] for x in rows)
+    first95 = next((x["n"] for x in rows if x["n"] <= switch and x["gated"] >= 0.95), None)
+    back95 = next((x["n"] - switch for x in rows if x["n"] > switch and x["gated"] >= 0.95),
+                  None)
+    pre = [x for x in rows if x["n"] <= switch]
+    last_pre = pre[-1] if pre else rows[-1]
+    return [
+        f"- gated ahead of the anchor at every checkpoint: **{'yes' if beats else 'no'}** "
+        f"({sum(x['gated'] > x['anchor'] for x in rows)} of {len(rows)})",
+        f"- first checkpoint with >= 0.95 over the last 500: "
+        f"**{first95 if first95 is not None else 'not reached'}** signals (target <= 4000)",
+        f"- back to >= 0.95 after the policy change: **"
+        f"{back95 if back95 is not None else 'not within the run'}** signals (target <= 3000)",
+        f"- before the change: unseen-value probes {last_pre['probe_unseen']:.3f} (anchor "
+        f"{last_pre['probe_unseen_anchor']:.3f}), block recall on them "
+        f"{last_pre['probe_unseen_block_recall']:.3f}; history-rule probes "
+        f"{last_pre['probe_history']:.3f} (anchor {last_pre['probe_history_anchor']:.3f})",
+        f"- last 2000 scored, against the TRUE label: ECE {r['ece_true']:.3f}, Brier "
+        f"{r['brier_true']:.3f}, allow-band precision {r['allow_band_precision']:.4f} "
+        f"({100 * r['allow_band_share']:.0f}% of calls in the allow band)",
+        f"- keeping up: {r['steps']} steps in {r['virtual_s']} s of virtual time, queue max "
+        f"{r['max_queue']}, at the end {r['final_queue']} signals",
+    ]
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", default="flint")
-    ap.add_argument("--lr", type=float, nargs="+", default=[1e-3])
+    ap.add_argument("--lr", type=float, nargs="+", default=[TrainConfig().lr])
+    ap.add_argument("--variant", action="append", choices=sorted(VARIANTS))
     ap.add_argument("--rate", type=float, default=20.0)
-    ap.add_argument("--signals", type=int, default=4500)
-    ap.add_argument("--switch-at", type=int, default=3000)
+    ap.add_argument("--signals", type=int, default=8000)
+    ap.add_argument("--switch-at", type=int, default=4500)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--probes", type=int, default=200)
     ap.add_argument("--write", action="store_true", help="record in docs/benchmarks.md")
+    ap.add_argument("--section", default=None, help="heading suffix for docs/benchmarks.md")
     a = ap.parse_args()
-    lines = [
-        f"Machine: {platform.machine()}, {len(os.sched_getaffinity(0))} cores, Python "
-        f"{platform.python_version()}, numpy {np.__version__}; {a.rate:g} signals/s of "
-        f"virtual time, policy v1 -> v2 after {a.switch_at} signals, seed {a.seed}.",
-        "",
-        "| preset | lr | steps | virtual s | window >= 0.95 at signal (target <= 3000) | "
-        "back > 0.90 after the switch, signals (target <= 1500) |",
-        "| --- | --- | --- | --- | --- | --- |",
-    ]
-    print("\n".join(lines), flush=True)
-    traces = []
-    for lr in a.lr:
-        r = run(a.preset, lr, a.rate, a.signals, a.switch_at, a.seed)
-        back = r["recovered_after"] if r["dipped"] else "never below 0.90"
-        line = (f"| {r['preset']} | {lr:g} | {r['steps']} | {r['virtual_s']} | "
-                f"{r['converged_at']} | {back} |")
-        lines.append(line)
-        traces.append(f"- lr {lr:g}, (signals scored, window alignment): {r['trace']}")
-        print(line, "\n", traces[-1], flush=True)
+    machine = (f"{platform.machine()}, {len(os.sched_getaffinity(0))} cores, Python "
+               f"{platform.python_version()}, numpy {np.__version__}")
+    head = (f"Machine: {machine}. Stream: gated.traffic seed {a.seed}, {a.signals} signals "
+            f"at {a.rate:g}/s of virtual time, policy v1 -> v2 after {a.switch_at}.")
+    print(head, flush=True)
+    out = [head, ""]
+    for variant in a.variant or ["v2"]:
+        for lr in a.lr:
+            print(f"\n### {a.preset} {variant} lr {lr:g}\n\n{TABLE_HEAD}", flush=True)
+            t0 = time.time()
+            r = run(a.preset, lr, a.rate, a.signals, a.switch_at, a.seed, variant, a.probes)
+            lines = summary(r)
+            print("\n".join(lines), f"\n(wall {time.time() - t0:.0f} s)", flush=True)
+            out += [f"### {a.preset}, {variant}, lr {lr:g}", "", TABLE_HEAD,
+                    *(_row_text(x) for x in r["rows"]), "", *lines, ""]
     if a.write:
         from docs_section import write_section
 
-        head = f"## Learning ({a.preset}, CPU)"
-        cmd = (f"`.venv/bin/python bench/bench_learning.py --preset {a.preset} --lr "
-               f"{' '.join(f'{x:g}' for x in a.lr)} --signals {a.signals} --write`")
-        write_section(head, f"{head}\n\nCommand: {cmd}\n\n" + "\n".join(lines) + "\n\n"
-                      + "\n".join(traces))
+        heading = f"## Learning ({a.preset}, CPU{', ' + a.section if a.section else ''})"
+        cmd = " ".join(["`.venv/bin/python", "bench/bench_learning.py", *sys.argv[1:]]) + "`"
+        write_section(heading, f"{heading}\n\nCommand: {cmd}\n\n" + "\n".join(out))
 
 
 if __name__ == "__main__":

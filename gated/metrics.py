@@ -48,6 +48,14 @@ SERIES: dict[str, str] = {
     "gated_alignment_window_signals": "gauge",
     "gated_converged": "gauge",
     "gated_confusion": "gauge",
+    "gated_alignment_corrected": "gauge",
+    "gated_calibration_ece": "gauge",
+    "gated_calibration_brier": "gauge",
+    "gated_calibration_platt": "gauge",
+    "gated_drift_detections_total": "counter",
+    "gated_drift_adapting": "gauge",
+    "gated_replay_dropped_total": "counter",
+    "gated_signals_backpropagated_total": "counter",
     "gated_train_steps_total": "counter",
     "gated_learning_rate": "gauge",
     "gated_grad_norm": "gauge",
@@ -102,6 +110,33 @@ class Metrics:
         self.confusion = Gauge("gated_confusion", "Confusion counts over the alignment "
                                "window; positive = block (tp: predicted block, label block)",
                                ["cell"], registry=r)
+        self.alignment_corrected = Gauge(
+            "gated_alignment_corrected", "Alignment of the same predictions against the "
+            "labels as corrected later (a false_positive/false_negative relabels the "
+            "prediction of that call): how often the model was RIGHT, not how often it "
+            "agreed with the gate", registry=r)
+        self.calibration_ece = Gauge("gated_calibration_ece", "Expected calibration error "
+                                     "(10 bins) of the served, calibrated p_allow over the "
+                                     "alignment window", registry=r)
+        self.calibration_brier = Gauge("gated_calibration_brier", "Brier score of the "
+                                       "served p_allow over the alignment window",
+                                       registry=r)
+        self.calibration_platt = Gauge("gated_calibration_platt", "Platt scaling in use: "
+                                       "p_allow = sigmoid(a z + b)", ["param"], registry=r)
+        self.calibration_platt.labels(param="a").set(1.0)  # identity until fitted
+        self.calibration_platt.labels(param="b").set(0.0)
+        self.drift_detections = Counter("gated_drift_detections", "Policy changes detected "
+                                        "(Page-Hinkley on the progressive error stream)",
+                                        registry=r)
+        self.drift_adapting = Gauge("gated_drift_adapting", "1 while the trainer adapts to "
+                                    "a detected drift (EWC off, replay reduced)", registry=r)
+        self.replay_dropped = Counter("gated_replay_dropped", "Replay examples dropped "
+                                      "because a detected drift made their labels stale",
+                                      registry=r)
+        self.backpropagated = Counter("gated_signals_backpropagated", "Fresh signals that "
+                                      "got a gradient (selective backprop: corrections, "
+                                      "mistakes, unsure calls and a sample of the rest)",
+                                      registry=r)
         self.train_steps = Counter("gated_train_steps", "Optimiser steps taken (rolled-back "
                                    "steps are not counted)", registry=r)
         self.learning_rate = Gauge("gated_learning_rate", "Learning rate of the last step "
@@ -183,6 +218,22 @@ class Metrics:
         self.converged.set(1 if converged else 0)
         if scored:
             self.signals_scored.inc(scored)
+
+    def set_learning(self, stats: Mapping[str, float], backpropagated: int = 0) -> None:
+        """Progressive-validation statistics of the trainer's Monitor."""
+        self.alignment_corrected.set(stats.get("alignment_corrected", 0.0))
+        self.calibration_ece.set(stats.get("ece", 0.0))
+        self.calibration_brier.set(stats.get("brier", 0.0))
+        self.calibration_platt.labels(param="a").set(stats.get("calibration_a", 1.0))
+        self.calibration_platt.labels(param="b").set(stats.get("calibration_b", 0.0))
+        self.drift_adapting.set(stats.get("adapting", 0.0))
+        if backpropagated:
+            self.backpropagated.inc(backpropagated)
+
+    def drifted(self, dropped: int) -> None:
+        self.drift_detections.inc()
+        if dropped:
+            self.replay_dropped.inc(dropped)
 
     def swapped(self, version: int) -> None:
         self.swaps.inc()

@@ -49,11 +49,17 @@ class MetricsEvents(TrainerEvents):
     def on_step(self, info: dict, seconds: float) -> None:
         self.m.observe_step(info, seconds)
 
-    def on_scored(self, window: AlignmentWindow, converged: bool) -> None:
+    def on_scored(self, window: AlignmentWindow, converged: bool,
+                  stats: dict | None = None, backpropagated: int = 0) -> None:
         new = window.total_scored - self._scored_seen
         self._scored_seen = window.total_scored
         self.m.set_alignment(window.alignment, len(window.items), window.confusion(),
                              converged, scored=new)
+        if stats is not None:
+            self.m.set_learning(stats, backpropagated)
+
+    def on_drift(self, began_seq: int, dropped: int) -> None:
+        self.m.drifted(dropped)
 
     def on_swap(self, version: int) -> None:
         self.m.swapped(version)
@@ -199,6 +205,7 @@ class Daemon:
             "scored": w.total_scored, "alignment": w.alignment, "window": len(w.items),
             "converged": self.trainer.converged(),
             "confusion": w.confusion(), "loss": t.last_loss, "lr": self.trainer.opt.lr,
+            "learning": self.trainer.monitor.stats(),
             "rollbacks": t.rollbacks, "swaps": t.swaps, "last_checkpoint": t.last_checkpoint,
             "backend": backend, "device": device, "preset": self.cfg.daemon.preset,
             "params": self.trainer.model.num_params, "uptime_s": time.time() - self.started,

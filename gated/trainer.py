@@ -50,7 +50,8 @@ class TrainerEvents:
     """Hooks the daemon uses to export metrics; the defaults do nothing."""
 
     def on_step(self, info: dict, seconds: float) -> None: ...
-    def on_scored(self, window: AlignmentWindow, converged: bool) -> None: ...
+    def on_scored(self, window: AlignmentWindow, converged: bool,
+                  stats: dict | None = None, backpropagated: int = 0) -> None: ...
     def on_swap(self, version: int) -> None: ...
     def on_rollback(self, reason: str) -> None: ...
     def on_checkpoint(self, ts: float) -> None: ...
@@ -288,9 +289,10 @@ class Trainer(threading.Thread):
         a, b = self.monitor.calibrator.params
         if (a, b) != (self.serving.calibration.a, self.serving.calibration.b):
             self.serving.calibration = Calibration(a, b)
-        self.report_alignment()
         hard.sort(key=lambda t: t[0])  # corrections first, then the least confident
-        return [ex for _, ex in hard[: s.batch_size]]
+        chosen = [ex for _, ex in hard[: s.batch_size]]
+        self.report_alignment(backpropagated=len(chosen))
+        return chosen
 
     def _on_drift(self, began_seq: int) -> None:
         """A policy change: stop replaying what the old policy labelled, relax EWC and
@@ -333,8 +335,9 @@ class Trainer(threading.Thread):
     def converged(self) -> bool:
         return self.window.converged(self.settings.converged_threshold)
 
-    def report_alignment(self) -> None:
-        self.events.on_scored(self.window, self.converged())
+    def report_alignment(self, backpropagated: int = 0) -> None:
+        self.events.on_scored(self.window, self.converged(), self.monitor.stats(),
+                              backpropagated)
 
     def _step(self, examples: list[dict]) -> dict | None:
         t0 = time.perf_counter()

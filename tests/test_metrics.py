@@ -69,6 +69,10 @@ def test_updates_show_in_the_scrape(served):
     m.observe_step({"loss": 0.7, "bce": 0.5, "ce": 0.4, "grad_norm": 3.5, "lr": 1e-3}, 0.02)
     m.observe_step({"loss": 0.6, "bce": 0.4, "ce": 0.4, "grad_norm": 2.5, "lr": 1e-3}, 0.03)
     m.set_alignment(0.96, 1000, {"tp": 300, "fp": 10, "tn": 660, "fn": 30}, True, scored=5)
+    m.set_learning({"alignment_corrected": 0.97, "ece": 0.031, "brier": 0.04,
+                    "calibration_a": 0.8, "calibration_b": -0.3, "adapting": 1.0},
+                   backpropagated=3)
+    m.drifted(dropped=120)
     m.received(10)
     m.rejected("wrong_type")
     m.rejected("some_new_code", 2)
@@ -97,6 +101,14 @@ def test_updates_show_in_the_scrape(served):
     assert metric_value(got, "gated_converged") == 1
     assert metric_value(got, "gated_confusion", cell="fn") == 30
     assert metric_value(got, "gated_signals_scored_total") == 5
+    assert metric_value(got, "gated_alignment_corrected") == 0.97
+    assert metric_value(got, "gated_calibration_ece") == 0.031
+    assert metric_value(got, "gated_calibration_brier") == 0.04
+    assert metric_value(got, "gated_calibration_platt", param="b") == -0.3
+    assert metric_value(got, "gated_drift_detections_total") == 1
+    assert metric_value(got, "gated_drift_adapting") == 1
+    assert metric_value(got, "gated_replay_dropped_total") == 120
+    assert metric_value(got, "gated_signals_backpropagated_total") == 3
     assert metric_value(got, "gated_signals_received_total") == 10
     assert metric_value(got, "gated_signals_rejected_total", reason="wrong_type") == 1
     assert metric_value(got, "gated_signals_rejected_total", reason="other") == 2

@@ -26,6 +26,8 @@ class ModelConfig:
     # --- the source and the gate (DESIGN.md section 1, revised 2026-11-23; docs/design.md)
     #: Version of the source encoding: 2 = current call first, then history newest-first,
     #: each entry abbreviated; segment embedding; gate pools call and history apart.
+    #: 1 = the layout before 2026-11-23 (history SEP ... SEP call, the last max_seq_len
+    #: bytes kept, one segment), kept only so the benchmark can show the ablation.
     source_format: int = 2
     #: History entries kept in the source (newest first), if they fit.
     max_history: int = 12
@@ -58,9 +60,9 @@ class ModelConfig:
             raise ValueError("wide_buckets and max_history must be >= 0")
         if self.history_entry_max < self.history_entry_min:
             raise ValueError("history_entry_max must be >= history_entry_min")
-        if self.source_format != 2:
+        if self.source_format not in (1, 2):
             raise ValueError(f"source_format {self.source_format} is not supported; this "
-                             "engine reads format 2 (docs/design.md)")
+                             "engine reads format 2 (and 1 for ablations; docs/design.md)")
 
     @property
     def d_head(self) -> int:

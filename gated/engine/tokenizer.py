@@ -67,6 +67,8 @@ def encode_source(context: str, history: Sequence[str] | None,
                   cfg: ModelConfig) -> tuple[list[int], list[int]]:
     """(token ids, segment ids) of a source: the call, then SEP + abbreviated history
     entries newest-first. Segment 0 is the call, 1 the history (its SEPs included)."""
+    if cfg.source_format == 1:
+        return _encode_source_v1(context, history, cfg.max_seq_len)
     ids = list(fit_call(context.encode("utf-8"), cfg.max_seq_len)) or [SEP]
     n_call = len(ids)
     room = cfg.max_seq_len - n_call
@@ -82,6 +84,21 @@ def encode_source(context: str, history: Sequence[str] | None,
             ids.extend(short)
             room -= 1 + len(short)
     return ids, [0] * n_call + [1] * (len(ids) - n_call)
+
+
+def _encode_source_v1(context: str, history: Sequence[str] | None,
+                      max_len: int) -> tuple[list[int], list[int]]:
+    """The pre-2026-11-23 layout, for the ablation only: ``h0 SEP h1 ... SEP context``
+    keeping the LAST max_len tokens, everything one segment (so one pool)."""
+    ids: list[int] = []
+    for call in history or ():
+        ids.extend(call.encode("utf-8"))
+        ids.append(SEP)
+    if not history:
+        ids.append(SEP)
+    ids.extend(context.encode("utf-8"))
+    ids = ids[-max_len:]
+    return ids, [0] * len(ids)
 
 
 def encode_reason(reason: str | None, max_len: int) -> tuple[list[int], list[int]]:
