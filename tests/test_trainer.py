@@ -10,7 +10,8 @@ import numpy as np
 from gated.config import TrainConfig
 from gated.engine import ModelConfig
 from gated.store import Store
-from gated.trainer import AlignmentWindow, build_trainer
+from gated.serving import Calibration
+from gated.trainer import AlignmentWindow, TrainerEvents, build_trainer
 
 
 def _trainer(tmp_path, **kw):
@@ -106,4 +107,63 @@ def test_replay_skips_examples_contradicted_by_a_newer_signal(tmp_path):
     assert ("http_get https://x.example", 1.0) not in contexts  # stale label dropped
     assert ("bash ls", 1.0) in contexts  # no newer signal: kept
     assert ("read_file /etc/passwd", 1.0) in contexts  # locked correction: always kept
+    store.close()
+
+
+class _Counts(TrainerEvents):
+    def __init__(self) -> None:
+        self.backpropagated = 0
+        self.drifts: list[tuple[int, int]] = []
+
+    def on_scored(self, window, converged, stats=None, backpropagated=0) -> None:
+        self.backpropagated += backpropagated
+
+    def on_drift(self, began_seq: int, dropped: int) -> None:
+        self.drifts.append((began_seq, dropped))
+
+
+def test_selective_backprop_skips_what_serving_already_knows_never_a_correction(tmp_path):
+    store, trainer, serving = _trainer(tmp_path, selective_confidence=0.9, selective_keep=0.0)
+    trainer.events = counts = _Counts()
+    serving.calibration = Calibration(1.0, 30.0)  # serving says "allow" with p ~ 1
+    store.append_signals([_sig(f"fs.read src/{i}.py", "allow") for i in range(6)])
+    assert trainer.train_on(store.read_signals(0, 64)) is None  # nothing worth a gradient
+    assert trainer.status.step == 0 and trainer.status.last_trained_seq == 6
+    assert store.reservoir_size() == 6  # skipped, yet kept for replay
+    store.append_signals([_sig("fs.read src/0.py", "block", feedback="override_allow"),
+                          _sig("db.query DROP TABLE users", "block")])
+    trainer.train_on(store.read_signals(6, 64))
+    # the override (a correction) and the block serving got wrong: both back-propagated
+    assert counts.backpropagated == 2 and trainer.status.step == 1
+    store.close()
+
+
+def test_a_correction_supersedes_the_replayed_example_of_that_call(tmp_path):
+    store, trainer, _ = _trainer(tmp_path)
+    hist = ['fs.read {"path": "/w/.env"}']
+    store.append_signals([_sig("email.send to@ext.example", "allow", history=hist),
+                          _sig("email.send to@ext.example", "allow", history=["ls"])])
+    trainer.train_on(store.read_signals(0, 64))
+    store.append_signals([_sig("email.send to@ext.example", "allow", history=hist,
+                               feedback="false_negative")])
+    trainer.train_on(store.read_signals(2, 64))
+    held = {(e["context"], tuple(e["history"])): (e["label"], e["locked"])
+            for e in store.reservoir_sample(10, trainer.rng)}
+    assert held == {("email.send to@ext.example", tuple(hist)): (0.0, True),
+                    ("email.send to@ext.example", ("ls",)): (1.0, False)}
+    store.close()
+
+
+def test_a_detected_drift_drops_stale_replay_and_is_reported(tmp_path):
+    store, trainer, _ = _trainer(tmp_path)
+    trainer.events = counts = _Counts()
+    store.append_signals([_sig(f"http.request GET h{i}", "allow") for i in range(20)])
+    store.append_signals([_sig("pkg.install reqeusts", "allow", feedback="false_positive")])
+    trainer.train_on(store.read_signals(0, 64))
+    store.append_signals([_sig(f"http.request GET n{i}", "block") for i in range(5)])
+    trainer.train_on(store.read_signals(21, 64))
+    trainer._on_drift(22)  # what Monitor.observe reports when Page-Hinkley fires
+    contexts = {e["context"] for e in store.reservoir_sample(100, trainer.rng)}
+    assert contexts == {"pkg.install reqeusts"} | {f"http.request GET n{i}" for i in range(5)}
+    assert counts.drifts == [(22, 20)]
     store.close()
