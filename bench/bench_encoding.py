@@ -1,0 +1,117 @@
+"""Offline ablation of the source encoding (DESIGN.md section 1, revised 2026-11-23).
+
+Clean TRUE labels, no noise, no replay, no time budget: the model variants of
+bench_learning.VARIANTS train on the first `--train` calls of the realistic stream
+(gated.traffic, policy v1) for `--epochs` epochs at batch 16, then are tested on the
+next `--test` calls, on calls built only from held-out values (unseen hosts, paths,
+tables, ...) and on history-rule pairs (the same outbound call with and without a secret
+read 1-10 calls back). The online side of the ablation is bench_learning.py --variant.
+
+    .venv/bin/python bench/bench_encoding.py --write
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_learning import VARIANTS  # noqa: E402
+
+from gated.engine import AdamW, Model, ModelConfig, build_batch, source_batch, train_step  # noqa: E402
+from gated.traffic import GatewayTraffic  # noqa: E402
+
+
+def _examples(events) -> list[dict]:
+    return [{"context": e.signal["context"], "history": e.signal.get("history") or [],
+             "reason": e.signal.get("reason"), "label": float(e.true_allow), "weight": 1.0}
+            for e in events]
+
+
+def _accuracy(model: Model, events, cfg: ModelConfig) -> float:
+    hits = 0
+    for i in range(0, len(events), 64):
+        chunk = events[i: i + 64]
+        p = model.predict_proba(source_batch(
+            [(e.signal["context"], e.signal.get("history")) for e in chunk], cfg))
+        hits += sum((pi >= 0.5) == e.true_allow for pi, e in zip(p, chunk, strict=True))
+    return hits / len(events)
+
+
+def run(preset: str, variant: str, n_train: int, n_test: int, epochs: int, lr: float,
+        seed: int) -> list[dict]:
+    cfg = dataclasses.replace(ModelConfig.preset(preset), **VARIANTS[variant])
+    traffic = GatewayTraffic(seed=seed)
+    stream = []
+    while len(stream) < n_train + n_test:
+        ev = traffic.next()
+        if not ev.is_correction:
+            stream.append(ev)
+    train, test = stream[:n_train], stream[n_train:]
+    unseen = traffic.probes(300, seed + 1)
+    hist = traffic.history_probes(300, seed + 2)
+    model = Model.init(cfg, seed=seed)
+    opt = AdamW.for_model(model, lr=lr)
+    rng = np.random.default_rng(seed)
+    rows = []
+    examples = _examples(train)
+    for epoch in range(1, epochs + 1):
+        t0 = time.perf_counter()
+        order = rng.permutation(len(examples)) if epoch > 1 else np.arange(len(examples))
+        for i in range(0, len(order), 16):
+            train_step(model, opt, build_batch([examples[j] for j in order[i: i + 16]], cfg))
+        rows.append({"variant": variant, "epoch": epoch,
+                     "train_s": round(time.perf_counter() - t0, 1),
+                     "test": _accuracy(model, test, cfg),
+                     "unseen": _accuracy(model, unseen, cfg),
+                     "history": _accuracy(model, hist, cfg)})
+        print(rows[-1], flush=True)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", default="flint")
+    ap.add_argument("--variant", action="append", choices=sorted(VARIANTS))
+    ap.add_argument("--train", type=int, default=2000)
+    ap.add_argument("--test", type=int, default=500)
+    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--write", action="store_true")
+    a = ap.parse_args()
+    variants = a.variant or ["v1-deep", "v2-deep", "v2"]
+    lines = [f"Machine: {platform.machine()}, {len(os.sched_getaffinity(0))} cores, numpy "
+             f"{np.__version__}. {a.preset}, lr {a.lr:g}, batch 16, {a.train} training calls "
+             f"(TRUE labels), tested on the next {a.test}, on 300 unseen-value probes and on "
+             "300 history-rule probes.", "",
+             "| variant | epoch | test | unseen values | history rule | train s |",
+             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for v in variants:
+        for r in run(a.preset, v, a.train, a.test, a.epochs, a.lr, a.seed):
+            lines.append(f"| {r['variant']} | {r['epoch']} | {r['test']:.3f} | "
+                         f"{r['unseen']:.3f} | {r['history']:.3f} | {r['train_s']} |")
+    print("\n".join(lines))
+    if a.write:
+        from docs_section import write_section
+
+        heading = "## Source encoding ablation (offline)"
+        cmd = " ".join(["`.venv/bin/python", "bench/bench_encoding.py", *sys.argv[1:]]) + "`"
+        write_section(heading, f"{heading}\n\nCommand: {cmd}\n\n"
+                      "v1-deep: the encoding before 2026-11-23 (history first, the last bytes "
+                      "kept, one pool), transformer only; v2-deep: format 2 (the call first "
+                      "and whole, history newest-first abbreviated, segment embedding, two "
+                      "pools), transformer only; v2: format 2 plus the wide n-gram path.\n\n"
+                      + "\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
