@@ -9,8 +9,8 @@ import numpy as np
 
 from gated.config import TrainConfig
 from gated.engine import ModelConfig
-from gated.store import Store
 from gated.serving import Calibration
+from gated.store import Store
 from gated.trainer import AlignmentWindow, TrainerEvents, build_trainer
 
 
