@@ -127,7 +127,7 @@ class TrainConfig:
                                         hi=1000.0)
     swap_every_steps: int = _opt(10, "publish trained weights every N steps", hot=True,
                                  lo=1)
-    swap_every_seconds: float = _opt(5.0, "...or every T seconds with new steps", hot=True,
+    swap_every_seconds: float = _opt(1.0, "...or every T seconds with new steps", hot=True,
                                      lo=0.0, lo_open=True)
     checkpoint_every_steps: int = _opt(50, "commit a checkpoint every N steps", hot=True,
                                        lo=1)
@@ -135,7 +135,7 @@ class TrainConfig:
                                  lo=1, hi=1_000_000)
     converged_threshold: float = _opt(0.95, "alignment at which the model counts as "
                                       "converged", hot=True, lo=0.0, lo_open=True, hi=1.0)
-    fresh_per_step: int = _opt(64, "fresh signals read and scored per step at most; the "
+    fresh_per_step: int = _opt(256, "fresh signals read and scored per step at most; the "
                                "hardest of them are trained on (selective backprop)",
                                hot=True, lo=1, hi=4096)
     selective_confidence: float = _opt(0.9, "a fresh signal whose label the serving model "
@@ -144,6 +144,12 @@ class TrainConfig:
                                        hot=True, lo=0.5, hi=1.0)
     selective_keep: float = _opt(0.1, "share of the confidently right fresh signals still "
                                  "trained on", hot=True, lo=0.0, hi=1.0)
+    wide_lr: float = _opt(0.5, "AdaGrad learning rate of the wide (hashed n-gram) path, "
+                          "which learns from every fresh signal", hot=True, lo=0.0, hi=100.0)
+    wide_l2: float = _opt(1e-5, "L2 penalty of the wide path's weights", hot=True, lo=0.0)
+    drift_wide_relax: float = _opt(0.0, "after a detected drift the wide path's AdaGrad "
+                                   "squared-gradient sums are multiplied by this (0 = its "
+                                   "steps as large as at the start)", hot=True, lo=0.0, hi=1.0)
     drift_threshold: float = _opt(12.0, "Page-Hinkley alarm threshold on the progressive "
                                   "error stream; lower = faster, more false alarms",
                                   lo=0.0, lo_open=True)

@@ -82,8 +82,12 @@ class Serving:
     def score_many(self, items: Sequence[tuple[str, Sequence[str] | None]]
                    ) -> tuple[np.ndarray, np.ndarray, Snapshot]:
         """(raw gate logits, calibrated p_allow, snapshot) for (context, history) pairs."""
+        return self.score_sources(source_batch(items, self.cfg))
+
+    def score_sources(self, sources: dict) -> tuple[np.ndarray, np.ndarray, Snapshot]:
+        """`score_many` for a `source_batch` the caller already built."""
         snap, cal = self.current, self.calibration
-        z = snap.model.predict_z(source_batch(items, self.cfg))
+        z = snap.model.predict_z(sources)
         return z, cal(z), snap
 
     def predict_many(self, items: Sequence[tuple[str, Sequence[str] | None]]

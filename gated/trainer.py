@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .config import TrainConfig
-from .engine import EWC, AdamW, Model, ModelConfig, build_batch, train_step
+from .engine import EWC, AdamW, Model, ModelConfig, build_batch, source_batch, train_step
+from .engine.wide import WideAdaGrad
 from .online import AlignmentWindow
 from .online.monitor import Monitor, MonitorSettings
 from .serving import Calibration, Serving
@@ -127,6 +128,13 @@ class Trainer(threading.Thread):
                                    cosine_steps=s.cosine_steps)
         if opt_state is not None:
             self.opt.load_state(opt_state["m"], opt_state["v"], opt_state["t"])
+        self.wide = None
+        if "wide.w" in model.params:
+            # The wide path's AdaGrad state is the tail of AdamW's v, which AdamW skips.
+            self.wide = WideAdaGrad(model.params["wide.w"][0], self.opt.v[model.deep_size:],
+                                    scale=model.cfg.wide_scale, lr=s.wide_lr, l2=s.wide_l2,
+                                    xp=model.ops.xp)
+        self._wide_dirty = False  # wide weights changed since the last swap
         xp = model.ops.xp
         model.ewc = EWC(model.num_params, lam=s.lambda_ewc, decay=s.ewc_decay, xp=xp,
                         dtype=str(model.dtype))
@@ -164,6 +172,8 @@ class Trainer(threading.Thread):
         self.model.lambda_bce, self.model.lambda_ce = s.lambda_bce, s.lambda_ce
         self.model.ewc.lam = s.lambda_ewc
         self.opt.lr = s.lr
+        if self.wide is not None:
+            self.wide.lr, self.wide.l2 = s.wide_lr, s.wide_l2
         self.opt.weight_decay, self.opt.clip_norm = s.weight_decay, s.clip_norm
         self.opt.schedule.warmup_steps, self.opt.schedule.cosine_steps = (s.warmup_steps,
                                                                           s.cosine_steps)
@@ -241,6 +251,9 @@ class Trainer(threading.Thread):
                           for seq, sig in fresh]
         chosen = self._score(fresh_examples) if fresh_examples else []
         self._note_latest(fresh_examples)
+        # The wide path has just learned from every fresh signal: publish that before the
+        # transformer's step (seconds on a CPU), so predictions do not wait for it.
+        self._maybe_swap(force=False)
         info = None
         if chosen or not fresh_examples:
             # Caught up, a batch is replay_fraction replayed examples; behind, fresh signals
@@ -255,8 +268,9 @@ class Trainer(threading.Thread):
         if fresh:
             self.status.last_trained_seq = fresh[-1][0]
             self.store.reservoir_add(fresh_examples, self.rng)
+        if info is not None or fresh:
+            self._maybe_swap(force=False)  # the wide path may have learned without a step
         if info is not None:
-            self._maybe_swap(force=False)
             if self.status.step - self._last_ckpt_step >= s.checkpoint_every_steps:
                 self.checkpoint()
         return info
@@ -272,7 +286,9 @@ class Trainer(threading.Thread):
         lets flint keep up with a gateway: most traffic is easy once learned.
         """
         s = self.settings
-        z, p, _ = self.serving.score_many([(e["context"], e["history"]) for e in fresh])
+        sources = source_batch([(e["context"], e["history"]) for e in fresh], self.model.cfg)
+        z, p, snap = self.serving.score_sources(sources)
+        self._learn_wide(sources, z - snap.model.wide_logit(sources), fresh)
         self.last_scores = []
         hard: list[tuple[float, dict]] = []
         for zi, pi, ex in zip(z, p, fresh, strict=True):
@@ -294,10 +310,24 @@ class Trainer(threading.Thread):
         self.report_alignment(backpropagated=len(chosen))
         return chosen
 
+    def _learn_wide(self, sources: dict, z_deep: np.ndarray, fresh: list[dict]) -> None:
+        """The wide path learns from every fresh signal, in order, at once: AdaGrad with
+        the serving transformer's logit as the fixed rest of the gate's (engine/wide.py).
+        Cheap (a few hundred buckets per signal), so nothing is skipped, not even when the
+        transformer falls behind."""
+        if self.wide is None:
+            return
+        for i, ex in enumerate(fresh):
+            self.wide.learn(sources["wide_idx"][i], sources["wide_val"][i], float(z_deep[i]),
+                            ex["label"], ex["weight"])
+        self._wide_dirty = True
+
     def _on_drift(self, began_seq: int) -> None:
         """A policy change: stop replaying what the old policy labelled, relax EWC and
         replay for `drift_adapt_signals` signals, tell the operator."""
         dropped = self.store.reservoir_forget_before(began_seq)
+        if self.wide is not None:
+            self.wide.relax(self.settings.drift_wide_relax)
         log.warning("drift: the serving model's error rate rose (Page-Hinkley); the change "
                     "began around signal %d. Dropped %d replay examples labelled before it "
                     "(human corrections kept); EWC off and replay at %.0f%% for the next %d "
@@ -382,6 +412,7 @@ class Trainer(threading.Thread):
         self.opt.m[...] = xp.asarray(g.m)
         self.opt.v[...] = xp.asarray(g.v)
         self.opt.t = g.t
+        self._wide_dirty = False  # the wide path is back at its published weights too
         self._count_rollback(why)
 
     def _count_rollback(self, why: str) -> None:
@@ -392,7 +423,7 @@ class Trainer(threading.Thread):
         self.events.on_rollback(why)
 
     def _maybe_swap(self, force: bool) -> bool:
-        if self._steps_since_swap == 0:
+        if self._steps_since_swap == 0 and not self._wide_dirty:
             return False
         s = self.settings
         due = (self._steps_since_swap >= s.swap_every_steps
@@ -412,6 +443,7 @@ class Trainer(threading.Thread):
         if self.model.ewc.lam > 0:
             self.model.ewc.consolidate(self.model.flat)
         self._steps_since_swap = 0
+        self._wide_dirty = False
         self._last_swap_time = time.monotonic()
         self.events.on_swap(version)
         return True

@@ -598,3 +598,17 @@ def test_inspect_reports_counts_versions_step_and_sizes(store, tmp_path):
     assert inspect(store.path)["signals"]["count"] == 13
     with pytest.raises(StoreError, match="no gated state"):
         inspect(tmp_path / "missing")
+
+
+def test_a_format_1_checkpoint_is_refused_by_name(store, monkeypatch):
+    """Checkpoints from before source format 2 (DESIGN.md 1, revised) cannot be migrated:
+    the daemon refuses them with the way out instead of loading misfit weights."""
+    from gated.store import checkpoint as ckpt_module
+
+    z = np.zeros(N, np.float32)
+    monkeypatch.setattr(ckpt_module, "CHECKPOINT_FORMAT", 1)
+    store.save_checkpoint(flat=z, m=z, v=z, step=3, last_trained_seq=0, layout=LAYOUT,
+                          config_fingerprint="fp")
+    monkeypatch.undo()
+    with pytest.raises(CheckpointMismatch, match="format 1.*--reinit"):
+        store.load_checkpoint(layout=LAYOUT, config_fingerprint="fp")

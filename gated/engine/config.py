@@ -39,10 +39,13 @@ class ModelConfig:
     #: one linear logit added to the gate's. 0 buckets = no wide path.
     wide_buckets: int = 1 << 18
     wide_ngram: int = 4
-    #: z_wide = wide_scale * <w, x> with x L2-normalised per segment. Under Adam the update
-    #: of w is ~lr whatever the gradient scale, so this factor is the wide path's learning
-    #: rate relative to the transformer's (an exact reparameterisation, chosen by a sweep).
-    wide_scale: float = 32.0
+    #: z_wide = wide_scale * <w, x> with x L2-normalised per segment (plus a bias feature).
+    #: The wide weights are trained by their own AdaGrad (engine/wide.py), whose steps do
+    #: not depend on this scale's size, so 1 keeps the weights in logit units.
+    wide_scale: float = 1.0
+    #: The history segment's n-gram values are multiplied by this (sweep in
+    #: bench/anchor.py: 0.25 is best for a linear model; the transformer reads all of it).
+    wide_history_scale: float = 0.25
 
     def __post_init__(self) -> None:
         if self.d_model % self.n_heads != 0:
@@ -56,8 +59,8 @@ class ModelConfig:
                      "wide_ngram", "history_entry_min"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.wide_buckets < 0 or self.max_history < 0:
-            raise ValueError("wide_buckets and max_history must be >= 0")
+        if self.wide_buckets < 0 or self.max_history < 0 or self.wide_history_scale < 0:
+            raise ValueError("wide_buckets, max_history and wide_history_scale must be >= 0")
         if self.history_entry_max < self.history_entry_min:
             raise ValueError("history_entry_max must be >= history_entry_min")
         if self.source_format not in (1, 2):

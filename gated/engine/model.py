@@ -81,6 +81,23 @@ class Model:
     def num_params(self) -> int:
         return int(self.flat.size)
 
+    @property
+    def deep_size(self) -> int:
+        """Parameters AdamW steps: everything before the wide path (its last slot), which
+        has its own optimiser (engine/wide.py)."""
+        if "wide.w" not in self.params:
+            return self.num_params
+        return self.num_params - self.cfg.wide_buckets
+
+    def wide_logit(self, sources: dict[str, Any]) -> np.ndarray:
+        """The wide path's share of the gate logit for a `source_batch`, on the host
+        (zeros when the model has no wide path)."""
+        n = np.asarray(sources["src"]).shape[0]
+        if "wide.w" not in self.params or "wide_idx" not in sources:
+            return np.zeros(n)
+        w = self.ops.to_numpy(self.params["wide.w"][0]).astype(np.float64)
+        return self.cfg.wide_scale * (w[sources["wide_idx"]] * sources["wide_val"]).sum(axis=1)
+
     def decay_mask(self) -> np.ndarray:
         return decay_mask(self.layout)
 
@@ -265,9 +282,27 @@ class Model:
         _, call_mask, hist_mask = self._src_masks(src, seg)
         return self.gate_logit(enc, call_mask, hist_mask, wide_idx, wide_val)[0]
 
-    def predict_z(self, sources: dict[str, Any]) -> np.ndarray:
-        """Gate logits as float64 host values (calibration works on logits)."""
-        return self.ops.to_numpy(self.predict_logits(sources)).astype(np.float64)
+    def predict_z(self, sources: dict[str, Any], chunk: int = 16) -> np.ndarray:
+        """Gate logits as float64 host values (calibration works on logits).
+
+        Rows are scored in chunks of `chunk` sources of similar length, each chunk cut to
+        its own longest row: a batch padded to its longest source spends most of its
+        attention (quadratic in length) and GELU work on PAD. Row results do not depend on
+        the other rows, so this changes the cost, not the values."""
+        src = np.asarray(self.ops.to_numpy(sources["src"]))
+        n = src.shape[0]
+        if n <= chunk:
+            return self.ops.to_numpy(self.predict_logits(sources)).astype(np.float64)
+        lengths = (src != PAD).sum(axis=1)
+        order = np.argsort(lengths, kind="stable")
+        out = np.empty(n, dtype=np.float64)
+        for start in range(0, n, chunk):
+            rows = order[start: start + chunk]
+            width = max(1, int(lengths[rows].max()))
+            part = {k: np.asarray(self.ops.to_numpy(v))[rows] for k, v in sources.items()}
+            part["src"], part["seg"] = part["src"][:, :width], part["seg"][:, :width]
+            out[rows] = self.ops.to_numpy(self.predict_logits(part)).astype(np.float64)
+        return out
 
     def predict_proba(self, sources: dict[str, Any]) -> np.ndarray:
         """p_allow = sigmoid(gate logit) for a `source_batch` (uncalibrated)."""

@@ -45,7 +45,7 @@ class AdamW:
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.01, clip_norm: float | None = 1.0,
                  warmup_steps: int = 0, cosine_steps: int = 0, ops=None,
-                 dtype: str = "float32") -> None:
+                 dtype: str = "float32", n_train: int | None = None) -> None:
         from .model import get_ops
 
         self.ops = ops or get_ops("numpy")
@@ -54,6 +54,10 @@ class AdamW:
         self.v = xp.zeros(n_params, dtype=dtype)
         self.decay = xp.asarray(decay_mask, dtype=dtype)
         self.t = 0
+        #: AdamW steps (and clips) the first n_train parameters only: the model's wide
+        #: path, last in the layout, has its own optimiser, whose state lives in the rest
+        #: of `v` (so one checkpoint holds both).
+        self.n_train = n_params if n_train is None else int(n_train)
         self.schedule = Schedule(lr, warmup_steps, cosine_steps)
         self.betas, self.eps = betas, eps
         self.weight_decay, self.clip_norm = weight_decay, clip_norm
@@ -61,7 +65,7 @@ class AdamW:
     @classmethod
     def for_model(cls, model, **kw) -> AdamW:
         return cls(model.num_params, model.decay_mask(), ops=model.ops,
-                   dtype=str(model.dtype), **kw)
+                   dtype=str(model.dtype), n_train=model.deep_size, **kw)
 
     @property
     def lr(self) -> float:
@@ -76,6 +80,9 @@ class AdamW:
 
     def step(self, flat, grad_flat) -> dict[str, float]:
         """One update in place. Returns {"grad_norm": pre-clip norm, "lr": lr used}."""
+        n = self.n_train
+        if n != self.m.size:
+            flat, grad_flat = flat[:n], grad_flat[:n]
         norm = self.grad_norm(grad_flat)
         scale = 1.0
         if self.clip_norm and norm > self.clip_norm:
@@ -83,7 +90,7 @@ class AdamW:
         self.t += 1
         lr = self.schedule.at(self.t)
         b1, b2 = self.betas
-        self.ops.adamw(flat, grad_flat, self.m, self.v, self.decay, lr=lr, b1=b1, b2=b2,
+        self.ops.adamw(flat, grad_flat, self.m[:n], self.v[:n], self.decay[:n], lr=lr, b1=b1, b2=b2,
                        eps=self.eps, wd=self.weight_decay, step=self.t, grad_scale=scale)
         return {"grad_norm": norm, "lr": lr, "clip_scale": scale}
 

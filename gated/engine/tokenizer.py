@@ -143,7 +143,8 @@ def source_batch(items: Sequence[tuple[str, Sequence[str] | None]],
     out = {"src": pad_rows([ids for ids, _ in encoded]),
            "seg": pad_rows([seg for _, seg in encoded], fill=0)}
     if cfg.wide_buckets:
-        feats = [wide_features(ids, seg, cfg.wide_ngram, cfg.wide_buckets)
+        feats = [wide_features(ids, seg, cfg.wide_ngram, cfg.wide_buckets,
+                               cfg.wide_history_scale)
                  for ids, seg in encoded]
         out["wide_idx"], out["wide_val"] = pad_features(feats)
     return out

@@ -8,7 +8,16 @@ own, so a long history does not dilute the call.
 
 The hash is a 64-bit multiply-xor over the n-gram's token ids (FNV-1a's constants), fully
 vectorised with NumPy; it is stable across runs and machines (no Python ``hash``), so a
-checkpoint's wide weights mean the same after a restart.
+checkpoint's wide weights mean the same after a restart. Bucket 0 is the wide path's
+bias: every source has it with value 1 (an n-gram hashing there shares it; 1 in 2^18).
+
+Training (docs/design.md, "wide & deep"): the wide weights are NOT stepped by AdamW with
+the transformer. `WideAdaGrad` updates them from every fresh signal as it is read, one
+signal at a time, by AdaGrad per bucket -- the optimiser the wide half of Wide & Deep and
+the anchor use, and what lets a linear model learn from its first signals -- with the
+deep logit as a fixed offset: the gradient of the joint loss with respect to the wide
+weights, exact, holding the transformer still. The transformer's step holds the wide
+weights still in turn (block-coordinate descent on one loss).
 """
 
 from __future__ import annotations
@@ -40,19 +49,79 @@ def _segment_features(ids: np.ndarray, segment: int, n_max: int,
     return idx.astype(np.int64), val / np.sqrt(np.dot(val, val))
 
 
-def wide_features(ids: list[int], segs: list[int], n_max: int,
-                  buckets: int) -> tuple[np.ndarray, np.ndarray]:
+BIAS_BUCKET = 0
+
+
+def wide_features(ids: list[int], segs: list[int], n_max: int, buckets: int,
+                  history_scale: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
     """Sparse features of one encoded source: (bucket ids [K], values [K]).
 
     Segment 0 is the current call, segment 1 the history (SEP tokens included, so an
     n-gram can mark an entry's start). A bucket hit by both segments appears twice; the
     linear logit sums both terms, which is what a dense vector with that bucket's total
-    would give.
+    would give. The history's values are scaled by `history_scale` (a linear model gives a
+    session's previous calls less say than the call it judges), and the bias feature
+    (bucket 0, value 1) comes first.
     """
     arr = np.asarray(ids, dtype=np.uint64)
     seg = np.asarray(segs)
-    parts = [_segment_features(arr[seg == s], s, n_max, buckets) for s in (0, 1)]
-    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+    call, hist = (_segment_features(arr[seg == s], s, n_max, buckets) for s in (0, 1))
+    return (np.concatenate([[BIAS_BUCKET], call[0], hist[0]]),
+            np.concatenate([[1.0], call[1], history_scale * hist[1]]))
+
+
+class WideAdaGrad:
+    """Online AdaGrad on the wide path's weights, one signal at a time.
+
+    For a signal with sparse features (idx, val), the rest of the gate's logit `z_rest`
+    (the transformer's, held fixed), label y and weight w_i:
+
+        z = z_rest + scale * sum_k val_k W[idx_k]
+        dL/dW[j] = w_i (sigmoid(z) - y) * scale * sum_{k: idx_k = j} val_k  (+ l2 W[j])
+        G[j] += g_j^2;   W[j] -= lr g_j / (sqrt(G[j]) + eps)
+
+    `weights` and `accum` are views (the wide slice of the model's flat buffer and of
+    AdamW's `v`, which AdamW leaves alone), so a checkpoint carries both.
+    """
+
+    def __init__(self, weights, accum, *, scale: float, lr: float = 0.5, l2: float = 1e-5,
+                 eps: float = 1e-8, xp=np) -> None:
+        self.w, self.g2, self.scale, self.xp = weights, accum, scale, xp
+        self.lr, self.l2, self.eps = lr, l2, eps
+
+    def gradient(self, idx: np.ndarray, val: np.ndarray, z_rest: float, label: float,
+                 weight: float) -> tuple[np.ndarray, np.ndarray, float]:
+        """(unique buckets, dL/dW at them, logit z) of one signal's weighted BCE
+        L = weight * (max(z, 0) - z y + log(1 + exp(-|z|))) (+ l2/2 ||W_touched||^2)."""
+        keep = val != 0
+        idx, inv = np.unique(np.asarray(idx)[keep], return_inverse=True)
+        val = np.bincount(inv, weights=np.asarray(val, np.float64)[keep])  # one entry a bucket
+        w_now = self._host(self.w[self.xp.asarray(idx)]).astype(np.float64)
+        z = z_rest + self.scale * float(w_now @ val)
+        dz = weight * (0.5 * (1.0 + np.tanh(0.5 * z)) - label)
+        return idx, self.scale * dz * val + self.l2 * w_now, z
+
+    def learn(self, idx: np.ndarray, val: np.ndarray, z_rest: float, label: float,
+              weight: float) -> float:
+        """One AdaGrad update from one signal; returns its logit before the update."""
+        idx, g, z = self.gradient(idx, val, z_rest, label, weight)
+        d_idx = self.xp.asarray(idx)
+        g2 = self._host(self.g2[d_idx]).astype(np.float64) + g * g
+        w_now = self._host(self.w[d_idx]).astype(np.float64)
+        self.g2[d_idx] = self.xp.asarray(g2, dtype=self.g2.dtype)
+        self.w[d_idx] = self.xp.asarray(w_now - self.lr * g / (np.sqrt(g2) + self.eps),
+                                        dtype=self.w.dtype)
+        return z
+
+    @staticmethod
+    def _host(a) -> np.ndarray:
+        return a.get() if hasattr(a, "get") else np.asarray(a)
+
+    def relax(self, factor: float) -> None:
+        """Scale the squared-gradient sums by `factor` (0 = forget them): after a policy
+        change AdaGrad's steps have shrunk with everything it has seen; relaxing them
+        lets the wide path move as fast as at the start."""
+        self.g2 *= factor
 
 
 def pad_features(feats: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:

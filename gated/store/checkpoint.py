@@ -57,6 +57,12 @@ def normalize_layout(layout: Sequence[tuple[str, Sequence[int]]]) -> Layout:
     return [(str(name), tuple(int(d) for d in shape)) for name, shape in layout]
 
 
+#: 2 (2026-11-23): the source encoding and gate of DESIGN.md 1's revision (a segment
+#: embedding, a gate over the pooled call and history, the wide path's weights; AdamW's
+#: v carries the wide path's AdaGrad sums). Format 1 checkpoints are refused by name.
+CHECKPOINT_FORMAT = 2
+
+
 def _n_params(layout: Layout) -> int:
     return sum(int(np.prod(shape, dtype=np.int64)) for _, shape in layout)
 
@@ -143,7 +149,7 @@ class Checkpoints(StoreBase):
         if lay and _n_params(lay) != n:
             raise ValueError(f"layout describes {_n_params(lay)} parameters, flat has {n}")
         ewc_arrays = {str(k): _flat_array(f"ewc/{k}", a) for k, a in (ewc or {}).items()}
-        head = {"format": 1, "step": int(step), "last_trained_seq": int(last_trained_seq),
+        head = {"format": CHECKPOINT_FORMAT, "step": int(step), "last_trained_seq": int(last_trained_seq),
                 "layout": [[name, list(shape)] for name, shape in lay],
                 "config_fingerprint": str(config_fingerprint),
                 "dtype": arrays["flat"].dtype.str, "n": int(n),
@@ -193,6 +199,14 @@ class Checkpoints(StoreBase):
             if raw is None:
                 return None
             head = unpack(raw)
+            if head.get("format", 1) != CHECKPOINT_FORMAT:
+                raise CheckpointMismatch(
+                    f"the checkpoint in {self.path} has format {head.get('format', 1)}; this "
+                    f"daemon reads format {CHECKPOINT_FORMAT} (source encoding 2: the call "
+                    "first, history abbreviated, a wide n-gram path; docs/design.md), whose "
+                    "weights cannot be derived from the old ones. Start with --reinit to "
+                    "train a fresh model (every signal stays in the log; `gated backup` "
+                    "first to keep the old weights)")
             stored = normalize_layout(head["layout"])
             if stored != want or head["config_fingerprint"] != config_fingerprint:
                 raise CheckpointMismatch(_mismatch_message(

@@ -1,0 +1,116 @@
+"""The wide path's own optimiser (engine/wide.py) and how the trainer uses it: the gradient
+is exact (float64, central differences), AdamW never touches the wide slice, every fresh
+signal reaches the wide path even when the transformer skips it, its state survives a
+restart, and a drift relaxes it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from gated.config import TrainConfig
+from gated.engine import AdamW, Model, ModelConfig, build_batch
+from gated.engine.wide import BIAS_BUCKET, WideAdaGrad, wide_features
+from gated.serving import Calibration
+from gated.store import Store
+from gated.trainer import build_trainer
+
+from gradcheck import numeric_grad_entries, rel_error
+
+
+def _bce(z: float, y: float, w: float) -> float:
+    return w * (max(z, 0.0) - z * y + np.log1p(np.exp(-abs(z))))
+
+
+def test_wide_gradient_matches_central_differences_with_repeated_buckets():
+    rng = np.random.default_rng(3)
+    weights, accum = rng.normal(size=64), np.zeros(64)
+    learner = WideAdaGrad(weights, accum, scale=1.7, l2=1e-3)
+    idx = np.array([0, 5, 9, 5, 33, 9, 63])  # 5 and 9 twice (call and history)
+    val = rng.normal(size=idx.size)
+    z_rest, label, weight = 0.4, 0.0, 4.0
+
+    def loss() -> float:
+        z = z_rest + 1.7 * sum(weights[i] * v for i, v in zip(idx, val, strict=True))
+        touched = np.unique(idx)
+        return _bce(z, label, weight) + 0.5 * 1e-3 * float(weights[touched] @ weights[touched])
+
+    buckets, grad, z = learner.gradient(idx, val, z_rest, label, weight)
+    assert list(buckets) == sorted(set(idx.tolist()))
+    assert np.isclose(z, z_rest + 1.7 * float(weights[idx] @ val))
+    numeric = numeric_grad_entries(loss, weights, [(int(b),) for b in buckets])
+    assert rel_error(grad, numeric) < 1e-6
+
+
+def test_adagrad_update_and_relax():
+    weights, accum = np.zeros(8), np.zeros(8)
+    learner = WideAdaGrad(weights, accum, scale=1.0, lr=0.5, l2=0.0)
+    learner.learn(np.array([1, 2]), np.array([0.6, 0.8]), 0.0, 1.0, 1.0)
+    # dz = sigmoid(0) - 1 = -0.5; g = -0.5 * val; first AdaGrad step = lr * sign(g)
+    np.testing.assert_allclose(accum[[1, 2]], [0.09, 0.16])
+    np.testing.assert_allclose(weights[[1, 2]], [0.5, 0.5], rtol=1e-6)
+    learner.relax(0.25)
+    np.testing.assert_allclose(accum[[1, 2]], [0.0225, 0.04])
+
+
+def test_every_source_has_the_bias_feature_and_history_is_scaled():
+    idx, val = wide_features([ord(c) for c in "abcXY"], [0, 0, 0, 1, 1], 2, 1 << 12, 0.25)
+    assert idx[0] == BIAS_BUCKET and val[0] == 1.0
+    call, hist = val[1:6], val[6:]  # "abc": 3 uni + 2 bi-grams; "XY": 2 + 1
+    assert np.isclose(np.sqrt(call @ call), 1.0) and np.isclose(np.sqrt(hist @ hist), 0.25)
+
+
+def test_adamw_steps_the_transformer_and_leaves_the_wide_path_alone():
+    cfg = ModelConfig.tiny()
+    model = Model.init(cfg, seed=0)
+    model.params["wide.w"][...] = 0.25
+    opt = AdamW.for_model(model, lr=1e-2)
+    assert opt.n_train == model.num_params - cfg.wide_buckets
+    opt.v[opt.n_train:] = 7.0  # the wide path's AdaGrad sums live here
+    before = model.flat.copy()
+    batch = build_batch([{"context": "fs.read /etc/passwd", "history": ["git status"],
+                          "label": 0.0, "weight": 1.0, "reason": "secret"}], cfg)
+    model.loss_and_grads(batch)
+    assert np.any(model.grads["wide.w"] != 0)  # the joint gradient reaches the wide path...
+    opt.step(model.flat, model.grad_flat)
+    n = opt.n_train
+    assert np.all(model.flat[n:] == before[n:])  # ...but AdamW does not apply it
+    assert np.all(opt.v[n:] == 7.0) and np.all(opt.m[n:] == 0.0)
+    assert np.any(model.flat[:n] != before[:n])
+
+
+def _trainer(path, **kw):
+    store = Store(path)
+    settings = dataclasses.replace(TrainConfig(), **kw)
+    return store, *build_trainer(store, ModelConfig.tiny(), settings, seed=0)
+
+
+def test_the_wide_path_learns_every_fresh_signal_even_when_no_step_is_taken(tmp_path):
+    store, trainer, serving = _trainer(tmp_path / "s", selective_confidence=0.9,
+                                       selective_keep=0.0, swap_every_seconds=1e-6)
+    serving.calibration = Calibration(1.0, 30.0)  # serving sure of "allow": nothing is hard
+    store.append_signals([{"context": f"fs.read src/{i}.py", "decision": "allow"}
+                          for i in range(5)])
+    assert trainer.train_on(store.read_signals(0, 64)) is None  # the transformer skipped all
+    wide = trainer.model.params["wide.w"][0]
+    assert wide[BIAS_BUCKET] > 0  # pushed towards "allow" by five signals
+    assert np.count_nonzero(trainer.opt.v[trainer.model.deep_size:]) > 20
+    # and serving has the new wide weights (a swap without a transformer step)
+    assert serving.current.version == 1
+    np.testing.assert_array_equal(serving.current.model.params["wide.w"], wide[None])
+    trainer.checkpoint()
+    weights, accum = wide.copy(), trainer.opt.v[trainer.model.deep_size:].copy()
+    store.close()
+    store2, t2, _ = _trainer(tmp_path / "s")
+    np.testing.assert_array_equal(t2.model.params["wide.w"][0], weights)
+    np.testing.assert_array_equal(t2.opt.v[t2.model.deep_size:], accum)
+    store2.close()
+
+
+def test_a_drift_relaxes_the_wide_path(tmp_path):
+    store, trainer, _ = _trainer(tmp_path / "s", drift_wide_relax=0.5)
+    trainer.opt.v[trainer.model.deep_size:] = 2.0
+    trainer._on_drift(1)
+    assert np.all(trainer.opt.v[trainer.model.deep_size:] == 1.0)
+    store.close()
