@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+from gradcheck import numeric_grad_entries, rel_error
 
 from gated.config import TrainConfig
 from gated.engine import AdamW, Model, ModelConfig, build_batch
@@ -15,8 +16,6 @@ from gated.engine.wide import BIAS_BUCKET, WideAdaGrad, wide_features
 from gated.serving import Calibration
 from gated.store import Store
 from gated.trainer import build_trainer
-
-from gradcheck import numeric_grad_entries, rel_error
 
 
 def _bce(z: float, y: float, w: float) -> float:

@@ -149,7 +149,8 @@ class Checkpoints(StoreBase):
         if lay and _n_params(lay) != n:
             raise ValueError(f"layout describes {_n_params(lay)} parameters, flat has {n}")
         ewc_arrays = {str(k): _flat_array(f"ewc/{k}", a) for k, a in (ewc or {}).items()}
-        head = {"format": CHECKPOINT_FORMAT, "step": int(step), "last_trained_seq": int(last_trained_seq),
+        head = {"format": CHECKPOINT_FORMAT, "step": int(step),
+                "last_trained_seq": int(last_trained_seq),
                 "layout": [[name, list(shape)] for name, shape in lay],
                 "config_fingerprint": str(config_fingerprint),
                 "dtype": arrays["flat"].dtype.str, "n": int(n),
