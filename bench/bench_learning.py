@@ -105,6 +105,7 @@ def run(preset: str, lr: float, rate: float, n_signals: int, switch_at: int, see
         events: dict[int, object] = {}  # seq -> Event
         scored: list[tuple[float, bool]] = []  # gated (p, true_allow), ordinary signals
         anchored: list[tuple[float, bool]] = []
+        raw: list[tuple[float, bool]] = []  # gated before calibration (p >= 0.5 iff z >= 0)
         rows, queue_trace = [], []
         clock, produced, steps, trained_examples = 0.0, 0, 0, 0
         next_check = CHECK_EVERY
@@ -139,10 +140,11 @@ def run(preset: str, lr: float, rate: float, n_signals: int, switch_at: int, see
             info = trainer.train_on(fresh)
             clock += time.perf_counter() - t0
             steps += info is not None
-            for seq, p in trainer.last_scores:
+            for seq, p, z in trainer.last_scores:
                 ev = events.pop(seq)
                 if not ev.is_correction:
                     scored.append((p, ev.true_allow))
+                    raw.append((float(z >= 0), ev.true_allow))
             queue = produced - trainer.status.last_trained_seq
             max_queue = max(max_queue, queue)
             if len(scored) >= next_check or (produced >= n_signals and not events):
@@ -156,6 +158,7 @@ def run(preset: str, lr: float, rate: float, n_signals: int, switch_at: int, see
                     "n": n, "policy": traffic.policy, "virtual_s": round(clock, 1),
                     "queue": queue, "steps": steps,
                     "gated": _acc(*zip(*g, strict=True)),
+                    "gated_uncalibrated": _acc(*zip(*raw[-CHECK_EVERY:], strict=True)),
                     "anchor": _acc(*zip(*a, strict=True)),
                     "gated_block_recall": _recall_block(*zip(*g, strict=True)),
                     "probe_unseen": pr_g["unseen"], "probe_unseen_anchor": pr_a["unseen"],
@@ -196,6 +199,7 @@ def _label_weight(sig: dict) -> tuple[float, float]:
 
 def _row_text(r: dict) -> str:
     return (f"| {r['n']} | {r['policy']} | {r['gated']:.3f} | {r['anchor']:.3f} | "
+            f"{r['gated_uncalibrated']:.3f} | "
             f"{r['gated_block_recall']:.2f} | {r['probe_unseen']:.3f} / "
             f"{r['probe_unseen_anchor']:.3f} | {r['probe_history']:.3f} / "
             f"{r['probe_history_anchor']:.3f} | {r['ece']:.3f} | {r['queue']} | "
@@ -203,9 +207,10 @@ def _row_text(r: dict) -> str:
 
 
 TABLE_HEAD = ("| ordinary signals scored | policy | gated, last 500 vs TRUE | anchor, last 500 | "
-              "gated block recall | unseen-value probes gated / anchor | history-rule probes "
-              "gated / anchor | ECE (vs signal labels) | queue | virtual s |\n"
-              "| ---: | --- | ---: | ---: | ---: | --- | --- | ---: | ---: | ---: |")
+              "gated before calibration | gated block recall | unseen-value probes gated / "
+              "anchor | history-rule probes gated / anchor | ECE (vs signal labels) | queue | "
+              "virtual s |\n"
+              "| ---: | --- | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: | ---: |")
 
 
 def summary(r: dict) -> list[str]:
@@ -246,9 +251,13 @@ def main() -> None:
     ap.add_argument("--switch-at", type=int, default=4500)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--probes", type=int, default=200)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a [train] setting, e.g. --set batch_size=8")
     ap.add_argument("--write", action="store_true", help="record in docs/benchmarks.md")
     ap.add_argument("--section", default=None, help="heading suffix for docs/benchmarks.md")
     a = ap.parse_args()
+    types = {f.name: type(getattr(TrainConfig(), f.name)) for f in dataclasses.fields(TrainConfig)}
+    overrides = {k: types[k](v) for k, v in (kv.split("=", 1) for kv in a.set)}
     machine = (f"{platform.machine()}, {len(os.sched_getaffinity(0))} cores, Python "
                f"{platform.python_version()}, numpy {np.__version__}")
     head = (f"Machine: {machine}. Stream: gated.traffic seed {a.seed}, {a.signals} signals "
@@ -257,12 +266,14 @@ def main() -> None:
     out = [head, ""]
     for variant in a.variant or ["v2"]:
         for lr in a.lr:
-            print(f"\n### {a.preset} {variant} lr {lr:g}\n\n{TABLE_HEAD}", flush=True)
+            title = f"{a.preset}, {variant}, lr {lr:g}" + "".join(f", {kv}" for kv in a.set)
+            print(f"\n### {title}\n\n{TABLE_HEAD}", flush=True)
             t0 = time.time()
-            r = run(a.preset, lr, a.rate, a.signals, a.switch_at, a.seed, variant, a.probes)
+            r = run(a.preset, lr, a.rate, a.signals, a.switch_at, a.seed, variant, a.probes,
+                    settings_kw=overrides)
             lines = summary(r)
             print("\n".join(lines), f"\n(wall {time.time() - t0:.0f} s)", flush=True)
-            out += [f"### {a.preset}, {variant}, lr {lr:g}", "", TABLE_HEAD,
+            out += [f"### {title}", "", TABLE_HEAD,
                     *(_row_text(x) for x in r["rows"]), "", *lines, ""]
     if a.write:
         from docs_section import write_section

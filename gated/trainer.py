@@ -102,7 +102,8 @@ class Trainer(threading.Thread):
             drift_threshold=settings.drift_threshold,
             drift_adapt_signals=settings.drift_adapt_signals))
         self.window = self.monitor.window
-        self.last_scores: list[tuple[int, float]] = []  # (seq, calibrated p) of the last step
+        #: (seq, calibrated p, raw logit) of each signal the last step scored
+        self.last_scores: list[tuple[int, float, float]] = []
         self.status = TrainerStatus(step=step, version=version, last_trained_seq=last_trained_seq)
         self._wake = threading.Event()
         self._stop_event = threading.Event()
@@ -279,11 +280,13 @@ class Trainer(threading.Thread):
         """Progressive validation of fresh examples on the serving snapshot, then selective
         backprop: the examples worth a gradient, at most one batch.
 
-        Every correction is kept; so is every example the serving model gets wrong or is
+        Candidates: every correction, every example the serving model gets wrong or is
         unsure of (calibrated probability of its label below `selective_confidence`), and a
         `selective_keep` sample of the rest, so the confident region keeps being rehearsed.
-        The skipped ones still enter the replay reservoir. On a 2-core CPU this is what
-        lets flint keep up with a gateway: most traffic is easy once learned.
+        At most one batch is taken: corrections, then the most uncertain (p nearest 0.5;
+        after a drift, the most wrong). The skipped ones still enter the replay reservoir,
+        and the wide path has learned from all of them. On a 2-core CPU this is what lets
+        flint keep up with a gateway: most traffic is easy once learned.
         """
         s = self.settings
         sources = source_batch([(e["context"], e["history"]) for e in fresh], self.model.cfg)
@@ -292,7 +295,7 @@ class Trainer(threading.Thread):
         self.last_scores = []
         hard: list[tuple[float, dict]] = []
         for zi, pi, ex in zip(z, p, fresh, strict=True):
-            self.last_scores.append((ex["seq"], float(pi)))
+            self.last_scores.append((ex["seq"], float(pi), float(zi)))
             began = self.monitor.observe(ex["seq"], ex["fp"], ex["feedback"], ex["label"],
                                          float(zi), float(pi))
             if began is not None:
@@ -301,11 +304,15 @@ class Trainer(threading.Thread):
             if ex["feedback"] in CORRECTIONS:
                 hard.append((-1.0, ex))
             elif p_label < s.selective_confidence or self.rng.random() < s.selective_keep:
-                hard.append((p_label, ex))
+                # Uncertain first: a signal the model is SURE is wrong is, on a noisy gate,
+                # most often the gate's mistake (its correction comes later and is always
+                # trained); ranking those first taught the transformer the noise. After a
+                # detected drift they are the new policy instead: then wrong first.
+                hard.append((p_label if self.monitor.adapting else abs(float(pi) - 0.5), ex))
         a, b = self.monitor.calibrator.params
         if (a, b) != (self.serving.calibration.a, self.serving.calibration.b):
             self.serving.calibration = Calibration(a, b)
-        hard.sort(key=lambda t: t[0])  # corrections first, then the least confident
+        hard.sort(key=lambda t: t[0])  # corrections first, then the most informative
         chosen = [ex for _, ex in hard[: s.batch_size]]
         self.report_alignment(backpropagated=len(chosen))
         return chosen

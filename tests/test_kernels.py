@@ -284,6 +284,10 @@ def test_predictions_fall_in_the_same_band(ops, preset):
     ref, kern = _pair(cfg, ops)
     items = [(e["context"], e["history"]) for e in _examples(8, np.random.default_rng(1))]
     src = source_batch(items, cfg)
+    # The gate weights start at zero beside a wide path (layout.init_flat): give them values.
+    g = np.random.default_rng(2).normal(0, 0.02, ref.params["gate.w"].shape).astype(np.float32)
+    for m in (ref, kern):
+        m.params["gate.w"][...] = m.ops.xp.asarray(g)
     # Spread the gate logits around 0 so that the rows land in different bands.
     z = np.log(ref.predict_proba(src)) - np.log1p(-ref.predict_proba(src))
     k = 8.0 / max(1e-3, float(z.std()))  # z -> k (z - median z)

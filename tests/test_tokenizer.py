@@ -39,8 +39,12 @@ def test_history_entries_are_abbreviated_to_tool_and_argument_tail():
     entry = 'fs.read {"path": "/home/alice/src/shop/.env"}'
     assert abbreviate(entry, 100) == b"fs.read path: /home/alice/src/shop/.env"
     short = abbreviate(entry, 16)
-    assert short == b"fs.read " + b"shop/.env"[-8:]
+    assert short == b"fs.re /shop/.env"  # the tool gets a third of the budget
     assert len(short) == 16 and short.endswith(b".env")
+    # at 12 bytes a secret and a benign config read of one directory still differ
+    secret, benign = (abbreviate(f'fs.read {{"path": "/w/config/{f}"}}', 12)
+                      for f in ("secrets.yml", "settings.yml"))
+    assert secret != benign and len(secret) == len(benign) == 12
 
 
 def test_a_secret_read_ten_calls_back_is_still_in_a_flint_source():

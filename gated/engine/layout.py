@@ -105,13 +105,18 @@ def init_flat(layout: list[tuple[str, Shape]], seed: int) -> np.ndarray:
     """
     rng = np.random.default_rng(seed)
     flat = np.zeros(num_params(layout), dtype=np.float64)
+    # With a wide path the transformer's gate weights start at zero, as the last layer of
+    # a residual branch does: at first the wide path decides alone (it learns from the
+    # first signals), and the transformer's logit joins as it learns instead of adding
+    # noise of ~0.5 logits from random features (measured: docs/benchmarks.md).
+    wide = any(name == "wide.w" for name, _ in layout)
     for s in slots(layout):
         leaf = s.name.rsplit(".", 1)[-1]
         chunk = flat[s.offset : s.offset + s.size]
         if s.name in ("tok_emb", "seg_emb"):
             chunk[:] = rng.normal(0.0, EMBEDDING_STD, size=s.size)
-        elif s.name == "wide.w":
-            continue  # the wide path starts silent: zero logit, the transformer's alone
+        elif s.name == "wide.w" or (wide and s.name == "gate.w"):
+            continue  # zero: the wide path starts silent, and so does the gate over it
         elif len(s.shape) == 2:
             chunk[:] = rng.normal(0.0, MATRIX_STD, size=s.size)
         elif leaf == "g":

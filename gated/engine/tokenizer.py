@@ -16,8 +16,9 @@ over everything) let the history drown the call. Rules:
   ``max_seq_len`` is it cut, keeping its first three quarters and its last quarter around
   `` ... `` (the tool name and first arguments lead; a shell pipe's target ends it).
 - A history entry is abbreviated to a byte budget: JSON quotes and braces dropped,
-  whitespace collapsed, then the tool name and the TAIL of the arguments (paths and file
-  names end there: ``fs.read path: /w/.env``). The budget is the room the call leaves,
+  whitespace collapsed, then the tool name (at most a third of the budget) and the TAIL
+  of the arguments (paths and file names end there: ``fs.read path: /w/.env``; at 12
+  bytes ``fs.r rets.yml``). The budget is the room the call leaves,
   shared among the newest ``max_history`` entries, clamped to
   ``[history_entry_min, history_entry_max]``; entries that no longer fit are dropped,
   oldest first. With the flint defaults a 90-byte call leaves room for 12 entries of 13
@@ -56,7 +57,9 @@ def abbreviate(entry: str, budget: int) -> bytes:
     if len(data) <= budget:
         return data
     tool, _, rest = data.partition(b" ")
-    tool = tool[: max(1, budget // 2)]
+    # The arguments' tail tells calls of one tool apart (config/secrets.yml vs
+    # config/settings.yml): the tool name gets at most a third of the budget.
+    tool = tool[: max(1, budget // 3)]
     keep = budget - len(tool) - 1
     if keep <= 0 or not rest:
         return data[:budget]
