@@ -60,6 +60,37 @@ def test_platt_recovers_a_known_miscalibration_and_lowers_ece():
     assert brier_score(cal(z), y) < brier_score(raw, y)
 
 
+def test_platt_keeps_the_identity_when_a_stale_fit_would_hurt_the_newest_pairs():
+    """The model under the calibrator changes: logits of an early, badly biased model (the
+    older pairs) must not set the map for a model that is now calibrated (the newest)."""
+    rng = np.random.default_rng(1)
+    cal = PlattCalibrator(size=2000, refit_every=10**9, min_samples=1)
+    for i in range(2000):
+        z = rng.normal(0, 3)
+        shift = 2.5 if i < 1500 else 0.0  # early logits 2.5 too high; the newest honest
+        y = float(rng.random() < 1 / (1 + np.exp(-(z - shift))))
+        cal.update(z, y)
+    cal.fit()
+    assert cal.params == (1.0, 0.0)
+    # ...while a miscalibration that persists into the newest pairs is still corrected
+    cal2 = PlattCalibrator(size=2000, refit_every=10**9, min_samples=1)
+    for _ in range(2000):
+        z = rng.normal(0, 3)
+        cal2.update(z, float(rng.random() < 1 / (1 + np.exp(-(z - 2.5)))))
+    cal2.fit()
+    assert abs(cal2.b + 2.5) < 0.3
+
+
+def test_a_correction_relabels_the_calibration_pairs_of_its_call():
+    cal = PlattCalibrator(min_samples=10**9)
+    cal.update(2.0, 1.0, b"call-a")  # the gate allowed call a...
+    cal.update(1.0, 1.0, b"call-b")
+    cal.update(2.5, 1.0, b"call-a")
+    assert cal.relabel(b"call-a", 0.0) == 2  # ...a person says it should have blocked
+    assert list(cal.y) == [0.0, 1.0, 0.0]
+    assert cal.relabel(b"call-a", 0.0) == 0 and cal.relabel(b"unknown", 1.0) == 0
+
+
 def test_platt_is_identity_until_it_has_data_and_never_inverts_the_gate():
     cal = PlattCalibrator(min_samples=200)
     assert cal.params == (1.0, 0.0) and float(cal(0.0)) == 0.5

@@ -28,6 +28,7 @@ class PlattCalibrator:
         self.size, self.refit_every, self.min_samples, self.l2 = size, refit_every, min_samples, l2
         self.z: deque[float] = deque(maxlen=size)
         self.y: deque[float] = deque(maxlen=size)
+        self.fp: deque[bytes | None] = deque(maxlen=size)
         self.a, self.b = 1.0, 0.0
         self._since_fit = 0
 
@@ -38,31 +39,66 @@ class PlattCalibrator:
     def params(self) -> tuple[float, float]:
         return self.a, self.b
 
-    def update(self, z: float, label: float) -> bool:
-        """Record one progressive (logit, label) pair; refit when due. True if refitted."""
+    def update(self, z: float, label: float, fingerprint: bytes | None = None) -> bool:
+        """Record one progressive (logit, label) pair; refit when due. True if refitted.
+
+        `fingerprint` (the call's (context, history) fingerprint) lets a later correction
+        relabel the pair (`relabel`)."""
         if not math.isfinite(z):
             return False
         self.z.append(float(z))
         self.y.append(float(label))
+        self.fp.append(fingerprint)
         self._since_fit += 1
         if self._since_fit >= self.refit_every and len(self.z) >= self.min_samples:
             self.fit()
             return True
         return False
 
+    def relabel(self, fingerprint: bytes, label: float) -> int:
+        """A person corrected the gate on this call: its pairs get the corrected label, so
+        the map is fitted to what the gate should have said, not to its noise (fitted to
+        the noisy labels it shrank the logits towards the majority class and cost recall).
+        Returns how many pairs changed."""
+        changed = 0
+        for i, f in enumerate(self.fp):
+            if f == fingerprint and self.y[i] != label:
+                self.y[i] = float(label)
+                changed += 1
+        return changed
+
     def fit(self, iters: int = 50) -> None:
-        """Damped Newton on the mean log-loss (+ a small ridge towards a=1, b=0): each
-        step is halved until the loss falls, so it converges from any start."""
+        """Refit, and keep the fit only if it earns its place: fitted on the older three
+        quarters of the pairs, it must beat the identity (a=1, b=0) in log-loss on the
+        newest quarter, else serving uses the raw probability. The model under it keeps
+        changing, so a map fitted to yesterday's logits can be worse than none (measured:
+        early in a stream it cost 2 points of accuracy); when it passes, it is refitted on
+        every pair."""
         z, y = np.asarray(self.z), np.asarray(self.y)
-        theta = np.array([self.a, self.b])
+        k = (3 * z.size) // 4
+        identity = np.array([1.0, 0.0])
+        trial = self._newton(z[:k], y[:k], np.array([self.a, self.b]), iters)
+        if self._loss(trial, z[k:], y[k:]) < self._loss(identity, z[k:], y[k:]):
+            theta = self._newton(z, y, trial, iters)
+        else:
+            theta = identity
+        a, b = float(theta[0]), float(theta[1])
+        if math.isfinite(a) and math.isfinite(b) and a > 0:  # never invert the gate
+            self.a, self.b = a, b
+        self._since_fit = 0
+
+    def _loss(self, t: np.ndarray, z: np.ndarray, y: np.ndarray) -> float:
+        """Mean log-loss of sigmoid(t0 z + t1) (+ a small ridge towards a=1, b=0)."""
+        u = t[0] * z + t[1]
+        return float(np.mean(np.logaddexp(0.0, u) - y * u)
+                     + 0.5 * self.l2 * np.sum((t - np.array([1.0, 0.0])) ** 2))
+
+    def _newton(self, z: np.ndarray, y: np.ndarray, theta: np.ndarray,
+                iters: int) -> np.ndarray:
+        """Damped Newton on `_loss`: each step is halved until the loss falls, so it
+        converges from any start."""
         prior = np.array([1.0, 0.0])
-
-        def loss(t: np.ndarray) -> float:
-            u = t[0] * z + t[1]
-            return float(np.mean(np.logaddexp(0.0, u) - y * u)
-                         + 0.5 * self.l2 * np.sum((t - prior) ** 2))
-
-        current = loss(theta)
+        current = self._loss(theta, z, y)
         for _ in range(iters):
             p = _sigmoid(theta[0] * z + theta[1])
             r, w = p - y, p * (1.0 - p)
@@ -71,18 +107,15 @@ class PlattCalibrator:
                           [np.mean(w * z), np.mean(w)]]) + self.l2 * np.eye(2)
             step = np.linalg.solve(h, g)
             t = 1.0
-            while t > 1e-6 and loss(theta - t * step) > current:
+            while t > 1e-6 and self._loss(theta - t * step, z, y) > current:
                 t *= 0.5
             if t <= 1e-6:
                 break
             theta = theta - t * step
-            current = loss(theta)
+            current = self._loss(theta, z, y)
             if np.abs(t * step).max() < 1e-9:
                 break
-        a, b = float(theta[0]), float(theta[1])
-        if math.isfinite(a) and math.isfinite(b) and a > 0:  # never invert the gate
-            self.a, self.b = a, b
-        self._since_fit = 0
+        return theta
 
     def state(self) -> dict:
         return {"a": self.a, "b": self.b, "z": list(self.z), "y": list(self.y)}
@@ -93,6 +126,7 @@ class PlattCalibrator:
         self.a, self.b = float(state["a"]), float(state["b"])
         self.z.extend(state.get("z", []))
         self.y.extend(state.get("y", []))
+        self.fp.extend([None] * (len(self.z) - len(self.fp)))  # not kept across restarts
 
 
 def expected_calibration_error(p: np.ndarray, y: np.ndarray, bins: int = 10) -> float:

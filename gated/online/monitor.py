@@ -52,10 +52,11 @@ class Monitor:
         self.window.add(p, label)
         if feedback in CORRECTIONS:
             self.corrected.correct(fingerprint, label)
+            self.calibrator.relabel(fingerprint, label)
         else:
             self.corrected.add(fingerprint, p, label)
         self._recent.append((p, label))
-        self.calibrator.update(z, label)
+        self.calibrator.update(z, label, fingerprint)
         self._seqs.append(seq)
         self._run += 1
         start = self.drift.update(float((p < 0.5) != (label < 0.5)))
