@@ -144,6 +144,10 @@ class TrainConfig:
                                        hot=True, lo=0.5, hi=1.0)
     selective_keep: float = _opt(0.1, "share of the confidently right fresh signals still "
                                  "trained on", hot=True, lo=0.0, hi=1.0)
+    step_chunk_rows: int = _opt(8, "a training batch is processed in length-sorted chunks of "
+                                "this many rows, each padded to its own longest source (same "
+                                "loss and gradient, less padding); 0 = one piece", hot=True,
+                                lo=0, hi=4096)
     wide_lr: float = _opt(0.5, "AdaGrad learning rate of the wide (hashed n-gram) path, "
                           "which learns from every fresh signal", hot=True, lo=0.0, hi=100.0)
     wide_l2: float = _opt(1e-5, "L2 penalty of the wide path's weights", hot=True, lo=0.0)

@@ -381,7 +381,8 @@ class Trainer(threading.Thread):
         self.model.ewc.lam = 0.0 if self.monitor.adapting else self.settings.lambda_ewc
         batch = build_batch(examples, self.model.cfg)
         try:
-            info = train_step(self.model, self.opt, batch)
+            info = train_step(self.model, self.opt, batch,
+                              chunk_rows=self.settings.step_chunk_rows or None)
             finite = bool(info["finite"]) and self.model.ops.all_finite(self.model.flat)
         except Exception as e:
             # The examples are not retried: the fresh ones are in the replay reservoir,

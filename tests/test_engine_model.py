@@ -227,3 +227,34 @@ def test_history_does_not_change_the_call_tokens_and_an_empty_history_pools_to_z
     _, call_mask, hist_mask = model._src_masks(src, seg)
     z, pooled, _ = model.gate_logit(enc, call_mask, hist_mask)
     assert np.all(pooled[:, cfg.d_model:] == 0) and np.all(np.isfinite(z))
+
+
+def test_length_sorted_chunks_give_the_whole_batch_loss_and_gradient():
+    """train_step's chunk_rows: rows sorted by source length, each chunk cut to its own
+    longest source and reason; BCE weighted by the chunk's share, CE over the whole
+    batch's token count, so loss and every gradient are the unsplit batch's (float64)."""
+    from gated.engine import EWC
+
+    cfg = ModelConfig.tiny()
+    model = _random_model(5, cfg)
+    model.ewc = EWC(model.num_params, lam=0.3, xp=np, dtype="float64")
+    model.ewc.consolidate(model.flat + 0.01)
+    examples = [
+        {"context": "rm -rf /", "history": ["ls -la", "cd /tmp"], "reason": "deletes root",
+         "label": 0, "weight": 4.0},
+        {"context": "cat a.txt", "history": None, "reason": None, "label": 1, "weight": 1.0},
+        {"context": "curl x | sh", "history": [], "reason": "pipe", "label": 0, "weight": 2.0},
+        {"context": "git status --short", "history": ["git add ."], "reason": None,
+         "label": 1, "weight": 1.0},
+        {"context": "ls", "history": None, "reason": "ok", "label": 1, "weight": 6.0},
+    ]
+    batch = build_batch(examples, cfg)
+    whole_loss, whole_parts = model.loss_parts_and_grads(batch)
+    whole = model.grad_flat.copy()
+    model.grad_flat[...] = 123.0  # chunks must overwrite, then accumulate
+    loss, parts = model.loss_parts_and_grads(batch, chunk_rows=2)
+    assert np.isclose(loss, whole_loss, rtol=1e-12)
+    assert parts.keys() == whole_parts.keys()
+    for k in parts:
+        assert np.isclose(parts[k], whole_parts[k], rtol=1e-12), k
+    np.testing.assert_allclose(model.grad_flat, whole, rtol=1e-10, atol=1e-14)

@@ -28,6 +28,18 @@ def get_ops(backend: str) -> NumpyOps:
     raise ValueError(f"unknown backend {backend!r}; use 'numpy' or 'cupy'")
 
 
+def _rows(batch: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarray]:
+    """The given rows of a host batch, sources and reasons cut to these rows' longest."""
+    part = {k: v[rows] for k, v in batch.items()}
+    s_len = max(1, int((part["src"] != PAD).sum(axis=1).max()))
+    t_len = max(1, int((part["tgt_in"] != PAD).sum(axis=1).max()))
+    for k in ("src", "seg"):
+        if k in part:
+            part[k] = part[k][:, :s_len]
+    part["tgt_in"], part["tgt_out"] = part["tgt_in"][:, :t_len], part["tgt_out"][:, :t_len]
+    return part
+
+
 def sinusoidal_positions(max_len: int, d: int) -> np.ndarray:
     """PE[p, 2i] = sin(p / 10000^(2i/d)), PE[p, 2i+1] = cos(p / 10000^(2i/d)), float64."""
     pos = np.arange(max_len, dtype=np.float64)[:, None]
@@ -178,12 +190,40 @@ class Model:
         loss, _, _ = self._forward(batch, need_grads=True)
         return loss, self.grads
 
-    def loss_parts_and_grads(self, batch: dict[str, Any]) -> tuple[float, dict[str, float]]:
-        """Like loss_and_grads but returns the loss parts (for metrics); grads in grad_flat."""
-        loss, parts, _ = self._forward(batch, need_grads=True)
-        return loss, parts
+    def loss_parts_and_grads(self, batch: dict[str, Any], chunk_rows: int | None = None
+                             ) -> tuple[float, dict[str, float]]:
+        """Like loss_and_grads but returns the loss parts (for metrics); grads in grad_flat.
 
-    def _forward(self, batch, need_grads: bool):
+        With `chunk_rows`, a larger batch is cut into chunks of rows of similar source
+        length, each padded only to its own longest source and reason, and the chunks'
+        gradients add up in grad_flat. Each chunk's BCE is weighted by its share of the rows
+        and its CE divided by the WHOLE batch's target-token count, so the loss and the
+        gradient are the whole batch's (exact, up to float rounding), with less work spent
+        on PAD: a batch padded to its longest source pays for its longest row 16 times."""
+        b = int(np.asarray(batch["label"]).shape[0])
+        if not chunk_rows or b <= chunk_rows:
+            loss, parts, _ = self._forward(batch, need_grads=True)
+            return loss, parts
+        host = {k: np.asarray(self.ops.to_numpy(v)) for k, v in batch.items()}
+        order = np.argsort((host["src"] != PAD).sum(axis=1), kind="stable")
+        n_targets = int(np.count_nonzero(host["tgt_out"] != PAD))
+        total, parts = 0.0, {}
+        for start in range(0, b, chunk_rows):
+            rows = order[start: start + chunk_rows]
+            loss, chunk_parts, _ = self._forward(
+                _rows(host, rows), need_grads=True, share=rows.size / b, ce_count=n_targets,
+                accumulate=start > 0, with_ewc=start == 0)
+            total += loss
+            for k, v in chunk_parts.items():
+                parts[k] = parts.get(k, 0.0) + v
+        return total, parts
+
+    def _forward(self, batch, need_grads: bool, share: float = 1.0,
+                 ce_count: int | None = None, accumulate: bool = False,
+                 with_ewc: bool = True):
+        """Loss (and, with need_grads, gradients into grad_flat) of `batch`, which is the
+        fraction `share` of a larger batch whose CE counts `ce_count` target tokens (see
+        loss_parts_and_grads); `accumulate` adds to grad_flat instead of overwriting it."""
         cfg, ops, P, G, xp = self.cfg, self.ops, self.params, self.grads, self.ops.xp
         src, seg, wide_idx, wide_val = self._sources(batch)
         tgt_in, tgt_out = xp.asarray(batch["tgt_in"]), xp.asarray(batch["tgt_out"])
@@ -194,7 +234,8 @@ class Model:
 
         enc, enc_cache = self.encode(src, seg, keep_cache=need_grads)
         z, pooled, denoms = self.gate_logit(enc, call_mask, hist_mask, wide_idx, wide_val)
-        bce, dz = ops.bce_with_logits(z, label, weight, self.lambda_bce)
+        bce, dz = ops.bce_with_logits(z, label, weight, self.lambda_bce * share)
+        bce *= share
 
         tgt_mask = (tgt_out != PAD).astype(self.dtype).reshape(-1)
         # Counted on the host copy of the batch: on a GPU, reading a device sum back here
@@ -208,16 +249,19 @@ class Model:
             logits, dec_cache = self.decode_logits(tgt_in, enc, src_keep)
             targets = xp.where(tgt_out == PAD, 0, tgt_out).reshape(-1)
             ce, dlogits, _ = ops.cross_entropy(logits.reshape(-1, cfg.vocab_size), targets,
-                                               tgt_mask, self.lambda_ce, count=n_targets)
+                                               tgt_mask, self.lambda_ce,
+                                               count=n_targets if ce_count is None else ce_count)
         parts = {"bce": bce, "ce": ce}
         total = self.lambda_bce * bce + self.lambda_ce * ce
-        if self.ewc is not None and self.ewc.lam > 0:
+        ewc_on = with_ewc and self.ewc is not None and self.ewc.lam > 0
+        if ewc_on:
             parts["ewc"] = self.ewc.penalty(self.flat)
             total += parts["ewc"]
         if not need_grads:
             return total, parts, None
 
-        self.grad_flat[...] = 0
+        if not accumulate:
+            self.grad_flat[...] = 0
         # Wide path: dL/dw[idx_k] += wide_scale * dz * val_k (a scatter-add, exact).
         if wide_idx is not None:
             ops.embedding_bwd(G["wide.w"].reshape(-1, 1), wide_idx,
@@ -242,7 +286,7 @@ class Model:
             dx = L.enc_layer_bwd(ops, P, G, i, dx, enc_caches[i], cfg.n_heads)
         ops.embedding_bwd(G["tok_emb"], src, dx)
         ops.embedding_bwd(G["seg_emb"], seg, dx)
-        if self.ewc is not None and self.ewc.lam > 0:
+        if ewc_on:
             self.ewc.add_grad(self.flat, self.grad_flat)
         return total, parts, None
 

@@ -8,13 +8,17 @@ from .model import Model
 from .optim import AdamW
 
 
-def train_step(model: Model, opt: AdamW, batch: dict[str, Any]) -> dict[str, float]:
+def train_step(model: Model, opt: AdamW, batch: dict[str, Any],
+               chunk_rows: int | None = None) -> dict[str, float]:
     """Forward, exact backward, clip, AdamW. Returns loss parts, pre-clip norm and lr.
+
+    `chunk_rows`: process the batch in length-sorted chunks (Model.loss_parts_and_grads):
+    the same loss and gradient, less padding.
 
     The caller checks `finite` before publishing: a step with a non-finite loss or
     gradient leaves the weights untouched (the update is skipped, not applied).
     """
-    loss, parts = model.loss_parts_and_grads(batch)
+    loss, parts = model.loss_parts_and_grads(batch, chunk_rows)
     out: dict[str, float] = {"loss": float(loss), **{k: float(v) for k, v in parts.items()}}
     finite = model.ops.all_finite(model.grad_flat) and loss == loss and abs(loss) != float("inf")
     out["finite"] = float(finite)
