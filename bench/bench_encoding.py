@@ -112,7 +112,8 @@ def main() -> None:
                       "v1-deep: the encoding before 2026-11-23 (history first, the last bytes "
                       "kept, one pool), transformer only; v2-deep: format 2 (the call first "
                       "and whole, history newest-first abbreviated, segment embedding, two "
-                      "pools), transformer only. The wide path is measured online (learning section).\n\n"
+                      "pools), transformer only. The wide path is measured online "
+                      "(learning section).\n\n"
                       + "\n".join(lines))
 
 
