@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from anchor import HashedNgramLR, anchor_text  # noqa: E402
+from anchor import HashedNgramLR, anchor_text, label_weight  # noqa: E402
 
 from gated.config import TrainConfig  # noqa: E402
 from gated.engine import ModelConfig  # noqa: E402
@@ -126,7 +126,7 @@ def run(preset: str, lr: float, rate: float, n_signals: int, switch_at: int, see
                     text = anchor_text(ev.signal["context"], ev.signal.get("history"))
                     if not ev.is_correction:
                         anchored.append((anchor.predict_proba(text), ev.true_allow))
-                    y, w = _label_weight(ev.signal)
+                    y, w = label_weight(ev.signal)
                     anchor.learn(text, y, w)
                 for ev, (seq, _dup) in zip(evs, store.append_signals(batch), strict=True):
                     events[seq] = ev
@@ -185,16 +185,6 @@ def run(preset: str, lr: float, rate: float, n_signals: int, switch_at: int, see
             "allow_band_precision": float(allow_band.mean()) if allow_band.size else float("nan"),
             "allow_band_share": float((p >= serving.bands.allow).mean()),
             "switch_at": switch_at, "trained_steps": trained_examples}
-
-
-def _label_weight(sig: dict) -> tuple[float, float]:
-    """The label and weight the daemon derives (DESIGN.md section 2), for the anchor."""
-    fb = sig.get("feedback")
-    if fb in ("false_positive", "override_allow"):
-        return 1.0, 4.0 if fb == "false_positive" else 2.0
-    if fb in ("false_negative", "override_block"):
-        return 0.0, 4.0 if fb == "false_negative" else 2.0
-    return (1.0 if sig["decision"] == "allow" else 0.0), 1.0
 
 
 def _row_text(r: dict) -> str:
