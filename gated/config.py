@@ -151,9 +151,10 @@ class TrainConfig:
     wide_lr: float = _opt(0.5, "AdaGrad learning rate of the wide (hashed n-gram) path, "
                           "which learns from every fresh signal", hot=True, lo=0.0, hi=100.0)
     wide_l2: float = _opt(1e-5, "L2 penalty of the wide path's weights", hot=True, lo=0.0)
-    drift_wide_relax: float = _opt(0.0, "after a detected drift the wide path's AdaGrad "
+    drift_wide_relax: float = _opt(1.0, "after a detected drift the wide path's AdaGrad "
                                    "squared-gradient sums are multiplied by this (0 = its "
-                                   "steps as large as at the start)", hot=True, lo=0.0, hi=1.0)
+                                   "steps as large as at the start; 1 = unchanged, measured "
+                                   "better on unseen values)", hot=True, lo=0.0, hi=1.0)
     drift_threshold: float = _opt(12.0, "Page-Hinkley alarm threshold on the progressive "
                                   "error stream; lower = faster, more false alarms",
                                   lo=0.0, lo_open=True)
