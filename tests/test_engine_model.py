@@ -258,3 +258,14 @@ def test_length_sorted_chunks_give_the_whole_batch_loss_and_gradient():
     for k in parts:
         assert np.isclose(parts[k], whole_parts[k], rtol=1e-12), k
     np.testing.assert_allclose(model.grad_flat, whole, rtol=1e-10, atol=1e-14)
+
+
+def test_scoring_in_length_sorted_chunks_gives_each_row_its_own_logit():
+    """predict_z cuts a many-row batch into chunks padded to their own longest source:
+    each row's logit is what it gets scored alone (float64)."""
+    cfg = ModelConfig.tiny()
+    model = _random_model(7, cfg)
+    items = [("x" * (3 + 5 * i % 29), [f"h{i}"] * (i % 3)) for i in range(11)]
+    chunked = model.predict_z(source_batch(items, cfg), chunk=4)
+    alone = [model.predict_z(source_batch([it], cfg))[0] for it in items]
+    np.testing.assert_allclose(chunked, alone, rtol=1e-10, atol=1e-12)

@@ -28,16 +28,26 @@ def get_ops(backend: str) -> NumpyOps:
     raise ValueError(f"unknown backend {backend!r}; use 'numpy' or 'cupy'")
 
 
-def _rows(batch: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarray]:
-    """The given rows of a host batch, sources and reasons cut to these rows' longest."""
-    part = {k: v[rows] for k, v in batch.items()}
-    s_len = max(1, int((part["src"] != PAD).sum(axis=1).max()))
-    t_len = max(1, int((part["tgt_in"] != PAD).sum(axis=1).max()))
-    for k in ("src", "seg"):
-        if k in part:
-            part[k] = part[k][:, :s_len]
-    part["tgt_in"], part["tgt_out"] = part["tgt_in"][:, :t_len], part["tgt_out"][:, :t_len]
-    return part
+def _length_chunks(batch: dict[str, np.ndarray], size: int):
+    """Rows of a host batch in chunks of `size` rows of similar source length, each chunk's
+    sources (and reasons, in a training batch) cut to its own longest: yields (rows, part).
+
+    A batch padded to its longest source spends most of its attention (quadratic in length)
+    and GELU work on PAD; rows do not depend on each other, so chunking changes the cost,
+    not the values (the caller weights each chunk's loss)."""
+    lengths = (batch["src"] != PAD).sum(axis=1)
+    order = np.argsort(lengths, kind="stable")
+    for start in range(0, order.size, size):
+        rows = order[start: start + size]
+        part = {k: v[rows] for k, v in batch.items()}
+        s_len = max(1, int(lengths[rows].max()))
+        for k in ("src", "seg"):
+            if k in part:
+                part[k] = part[k][:, :s_len]
+        if "tgt_in" in part:
+            t_len = max(1, int((part["tgt_in"] != PAD).sum(axis=1).max()))
+            part["tgt_in"], part["tgt_out"] = part["tgt_in"][:, :t_len], part["tgt_out"][:, :t_len]
+        yield rows, part
 
 
 def sinusoidal_positions(max_len: int, d: int) -> np.ndarray:
@@ -107,8 +117,9 @@ class Model:
         n = np.asarray(sources["src"]).shape[0]
         if "wide.w" not in self.params or "wide_idx" not in sources:
             return np.zeros(n)
-        w = self.ops.to_numpy(self.params["wide.w"][0]).astype(np.float64)
-        return self.cfg.wide_scale * (w[sources["wide_idx"]] * sources["wide_val"]).sum(axis=1)
+        idx = self.ops.xp.asarray(sources["wide_idx"])
+        w = self.ops.to_numpy(self.params["wide.w"][0][idx]).astype(np.float64)  # touched only
+        return self.cfg.wide_scale * (w * np.asarray(sources["wide_val"])).sum(axis=1)
 
     def decay_mask(self) -> np.ndarray:
         return decay_mask(self.layout)
@@ -205,14 +216,12 @@ class Model:
             loss, parts, _ = self._forward(batch, need_grads=True)
             return loss, parts
         host = {k: np.asarray(self.ops.to_numpy(v)) for k, v in batch.items()}
-        order = np.argsort((host["src"] != PAD).sum(axis=1), kind="stable")
         n_targets = int(np.count_nonzero(host["tgt_out"] != PAD))
         total, parts = 0.0, {}
-        for start in range(0, b, chunk_rows):
-            rows = order[start: start + chunk_rows]
+        for i, (rows, part) in enumerate(_length_chunks(host, chunk_rows)):
             loss, chunk_parts, _ = self._forward(
-                _rows(host, rows), need_grads=True, share=rows.size / b, ce_count=n_targets,
-                accumulate=start > 0, with_ewc=start == 0)
+                part, need_grads=True, share=rows.size / b, ce_count=n_targets,
+                accumulate=i > 0, with_ewc=i == 0)
             total += loss
             for k, v in chunk_parts.items():
                 parts[k] = parts.get(k, 0.0) + v
@@ -327,24 +336,11 @@ class Model:
         return self.gate_logit(enc, call_mask, hist_mask, wide_idx, wide_val)[0]
 
     def predict_z(self, sources: dict[str, Any], chunk: int = 16) -> np.ndarray:
-        """Gate logits as float64 host values (calibration works on logits).
-
-        Rows are scored in chunks of `chunk` sources of similar length, each chunk cut to
-        its own longest row: a batch padded to its longest source spends most of its
-        attention (quadratic in length) and GELU work on PAD. Row results do not depend on
-        the other rows, so this changes the cost, not the values."""
-        src = np.asarray(self.ops.to_numpy(sources["src"]))
-        n = src.shape[0]
-        if n <= chunk:
-            return self.ops.to_numpy(self.predict_logits(sources)).astype(np.float64)
-        lengths = (src != PAD).sum(axis=1)
-        order = np.argsort(lengths, kind="stable")
-        out = np.empty(n, dtype=np.float64)
-        for start in range(0, n, chunk):
-            rows = order[start: start + chunk]
-            width = max(1, int(lengths[rows].max()))
-            part = {k: np.asarray(self.ops.to_numpy(v))[rows] for k, v in sources.items()}
-            part["src"], part["seg"] = part["src"][:, :width], part["seg"][:, :width]
+        """Gate logits as float64 host values (calibration works on logits), scored in
+        length-sorted chunks of `chunk` rows (`_length_chunks`: same values, less PAD)."""
+        host = {k: np.asarray(self.ops.to_numpy(v)) for k, v in sources.items()}
+        out = np.empty(host["src"].shape[0], dtype=np.float64)
+        for rows, part in _length_chunks(host, chunk):
             out[rows] = self.ops.to_numpy(self.predict_logits(part)).astype(np.float64)
         return out
 

@@ -81,8 +81,7 @@ class AdamW:
     def step(self, flat, grad_flat) -> dict[str, float]:
         """One update in place. Returns {"grad_norm": pre-clip norm, "lr": lr used}."""
         n = self.n_train
-        if n != self.m.size:
-            flat, grad_flat = flat[:n], grad_flat[:n]
+        flat, grad_flat = flat[:n], grad_flat[:n]
         norm = self.grad_norm(grad_flat)
         scale = 1.0
         if self.clip_norm and norm > self.clip_norm:
@@ -90,8 +89,8 @@ class AdamW:
         self.t += 1
         lr = self.schedule.at(self.t)
         b1, b2 = self.betas
-        self.ops.adamw(flat, grad_flat, self.m[:n], self.v[:n], self.decay[:n], lr=lr, b1=b1, b2=b2,
-                       eps=self.eps, wd=self.weight_decay, step=self.t, grad_scale=scale)
+        self.ops.adamw(flat, grad_flat, self.m[:n], self.v[:n], self.decay[:n], lr=lr, b1=b1,
+                       b2=b2, eps=self.eps, wd=self.weight_decay, step=self.t, grad_scale=scale)
         return {"grad_norm": norm, "lr": lr, "clip_scale": scale}
 
     def state(self) -> dict:

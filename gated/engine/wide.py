@@ -93,25 +93,30 @@ class WideAdaGrad:
                  weight: float) -> tuple[np.ndarray, np.ndarray, float]:
         """(unique buckets, dL/dW at them, logit z) of one signal's weighted BCE
         L = weight * (max(z, 0) - z y + log(1 + exp(-|z|))) (+ l2/2 ||W_touched||^2)."""
-        keep = val != 0
-        idx, inv = np.unique(np.asarray(idx)[keep], return_inverse=True)
-        val = np.bincount(inv, weights=np.asarray(val, np.float64)[keep])  # one entry a bucket
-        w_now = self._host(self.w[self.xp.asarray(idx)]).astype(np.float64)
-        z = z_rest + self.scale * float(w_now @ val)
-        dz = weight * (0.5 * (1.0 + np.tanh(0.5 * z)) - label)
-        return idx, self.scale * dz * val + self.l2 * w_now, z
+        idx, g, z, _, _ = self._gradient(idx, val, z_rest, label, weight)
+        return idx, g, z
 
     def learn(self, idx: np.ndarray, val: np.ndarray, z_rest: float, label: float,
               weight: float) -> float:
         """One AdaGrad update from one signal; returns its logit before the update."""
-        idx, g, z = self.gradient(idx, val, z_rest, label, weight)
-        d_idx = self.xp.asarray(idx)
+        _, g, z, d_idx, w_now = self._gradient(idx, val, z_rest, label, weight)
         g2 = self._host(self.g2[d_idx]).astype(np.float64) + g * g
-        w_now = self._host(self.w[d_idx]).astype(np.float64)
         self.g2[d_idx] = self.xp.asarray(g2, dtype=self.g2.dtype)
         self.w[d_idx] = self.xp.asarray(w_now - self.lr * g / (np.sqrt(g2) + self.eps),
                                         dtype=self.w.dtype)
         return z
+
+    def _gradient(self, idx, val, z_rest, label, weight):
+        """`gradient`, plus the buckets on the backend and their weights (host, float64),
+        so an update reads each touched weight once."""
+        keep = val != 0
+        idx, inv = np.unique(np.asarray(idx)[keep], return_inverse=True)
+        val = np.bincount(inv, weights=np.asarray(val, np.float64)[keep])  # one entry a bucket
+        d_idx = self.xp.asarray(idx)
+        w_now = self._host(self.w[d_idx]).astype(np.float64)
+        z = z_rest + self.scale * float(w_now @ val)
+        dz = weight * (0.5 * (1.0 + np.tanh(0.5 * z)) - label)
+        return idx, self.scale * dz * val + self.l2 * w_now, z, d_idx, w_now
 
     @staticmethod
     def _host(a) -> np.ndarray:

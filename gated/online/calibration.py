@@ -15,6 +15,9 @@ from collections import deque
 
 import numpy as np
 
+#: (a, b) of the identity map, the ridge's centre and the fit a refit must beat.
+_IDENTITY = np.array([1.0, 0.0])
+
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
     return 0.5 * (1.0 + np.tanh(0.5 * x))
@@ -80,12 +83,11 @@ class PlattCalibrator:
         every pair."""
         z, y = np.asarray(self.z), np.asarray(self.y)
         k = (3 * z.size) // 4
-        identity = np.array([1.0, 0.0])
         trial = self._newton(z[:k], y[:k], np.array([self.a, self.b]), iters)
-        if self._loss(trial, z[k:], y[k:]) < self._loss(identity, z[k:], y[k:]):
+        if self._loss(trial, z[k:], y[k:]) < self._loss(_IDENTITY, z[k:], y[k:]):
             theta = self._newton(z, y, trial, iters)
         else:
-            theta = identity
+            theta = _IDENTITY
         a, b = float(theta[0]), float(theta[1])
         if math.isfinite(a) and math.isfinite(b) and a > 0:  # never invert the gate
             self.a, self.b = a, b
@@ -95,18 +97,17 @@ class PlattCalibrator:
         """Mean log-loss of sigmoid(t0 z + t1) (+ a small ridge towards a=1, b=0)."""
         u = t[0] * z + t[1]
         return float(np.mean(np.logaddexp(0.0, u) - y * u)
-                     + 0.5 * self.l2 * np.sum((t - np.array([1.0, 0.0])) ** 2))
+                     + 0.5 * self.l2 * np.sum((t - _IDENTITY) ** 2))
 
     def _newton(self, z: np.ndarray, y: np.ndarray, theta: np.ndarray,
                 iters: int) -> np.ndarray:
         """Damped Newton on `_loss`: each step is halved until the loss falls, so it
         converges from any start."""
-        prior = np.array([1.0, 0.0])
         current = self._loss(theta, z, y)
         for _ in range(iters):
             p = _sigmoid(theta[0] * z + theta[1])
             r, w = p - y, p * (1.0 - p)
-            g = np.array([np.mean(r * z), np.mean(r)]) + self.l2 * (theta - prior)
+            g = np.array([np.mean(r * z), np.mean(r)]) + self.l2 * (theta - _IDENTITY)
             h = np.array([[np.mean(w * z * z), np.mean(w * z)],
                           [np.mean(w * z), np.mean(w)]]) + self.l2 * np.eye(2)
             step = np.linalg.solve(h, g)
