@@ -40,6 +40,7 @@ import lmdb
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from gated.signals import validate_signal  # noqa: E402
 from gated.store import GroupCommitter, Store  # noqa: E402
 
 DOC = ROOT / "docs" / "benchmarks.md"
@@ -100,8 +101,9 @@ def run_case(workdir: str, clients: int, batch: int, window: int, seconds: float
              source: SignalSource) -> dict:
     """Acknowledged signals/s for one configuration, on a fresh state dir.
 
-    Clients are asyncio tasks on one event loop awaiting `asyncio.wrap_future(submit())`,
-    as the daemon's socket server does: one loop thread, the group-commit writer thread.
+    Clients are asyncio tasks on one event loop that validate their batch and await
+    `asyncio.wrap_future(submit())`, as the daemon's socket server does: one loop thread
+    (validation happens there, once), the group-commit writer thread.
     """
     state = tempfile.mkdtemp(prefix="state-", dir=workdir)
     store = Store(state)
@@ -124,8 +126,9 @@ def run_case(workdir: str, clients: int, batch: int, window: int, seconds: float
         while time.perf_counter() < deadline:
             if pos + batch > len(pool):
                 pool, pos = source.take(len(pool)), 0
-            inflight.append((time.perf_counter(),
-                             asyncio.wrap_future(committer.submit(pool[pos:pos + batch]))))
+            t0 = time.perf_counter()
+            valid = [validate_signal(s) for s in pool[pos:pos + batch]]
+            inflight.append((t0, asyncio.wrap_future(committer.submit(valid))))
             pos += batch
             while len(inflight) >= window:
                 await reap()
@@ -167,15 +170,9 @@ def crash_campaign(rounds: int) -> dict:
 
 
 def machine_info(workdir: str) -> dict:
-    cpu = platform.processor() or "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
+    from docs_section import cpu_name
+
+    cpu = cpu_name(default="unknown")
     fs = "unknown"
     try:
         best = ""

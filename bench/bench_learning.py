@@ -43,11 +43,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from anchor import HashedNgramLR, anchor_text, label_weight  # noqa: E402
 
 from gated.config import TrainConfig  # noqa: E402
+from gated.daemon.trainer import build_trainer  # noqa: E402
 from gated.engine import ModelConfig  # noqa: E402
 from gated.online import brier_score, expected_calibration_error  # noqa: E402
 from gated.store import Store  # noqa: E402
 from gated.traffic import GatewayTraffic  # noqa: E402
-from gated.trainer import build_trainer  # noqa: E402
 
 CHECK_EVERY = 500
 #: Model variants for the ablation (DESIGN.md section 1's revision).

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import platform
 import re
 from pathlib import Path
 
@@ -21,3 +23,22 @@ def write_section(heading: str, text: str, path: Path = DOC) -> None:
         new = old.rstrip("\n") + "\n\n" + text.rstrip("\n") + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(new.rstrip("\n") + "\n")
+
+
+def cpu_name(default: str | None = None) -> str:
+    """The CPU's model name (/proc/cpuinfo), else `default` (platform.processor() or the
+    architecture when None), for the machine line of a benchmark section."""
+    cpu = platform.processor() or (platform.machine() if default is None else default)
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return cpu
+
+
+def machine() -> str:
+    """"<cpu>, <n> cores, Python <version>"."""
+    return f"{cpu_name()}, {os.cpu_count()} cores, Python {platform.python_version()}"

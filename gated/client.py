@@ -38,9 +38,6 @@ class Client:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def send_raw(self, data: bytes) -> None:
-        self.sock.sendall(data)
-
     def read_reply(self) -> dict:
         """The next reply on the stream; raises ConnectionError if the daemon closed it."""
         while True:
@@ -56,6 +53,11 @@ class Client:
         rid = next(self._rids)
         self.sock.sendall(msgpack.packb({"op": op, "rid": rid, **fields}, use_bin_type=True))
         reply = self.read_reply()
+        if reply.get("rid") is None and not reply.get("ok"):
+            # a connection-level error (overloaded, timeout, a hard limit): rid nil, and
+            # the daemon closes the connection
+            err = reply.get("error") or {}
+            raise GatedError(str(err.get("code")), str(err.get("message")))
         if reply.get("rid") != rid:
             raise RuntimeError(f"reply rid {reply.get('rid')!r} does not match request {rid}")
         if not reply.get("ok"):
@@ -84,3 +86,10 @@ class Client:
 
     def status(self) -> dict:
         return self.request("status")
+
+    def rollback(self, to: int, pause: bool = False) -> dict:
+        """Ask the daemon to republish kept version `to` (and pause training)."""
+        return self.request("rollback", to=to, pause=pause)
+
+    def resume(self) -> dict:
+        return self.request("resume")

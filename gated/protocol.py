@@ -29,7 +29,9 @@ from typing import Any
 
 import msgpack
 
-OPS = ("signal", "signals", "predict", "explain", "status", "ping")
+from .config import Limits
+
+OPS = ("signal", "signals", "predict", "explain", "status", "ping", "rollback", "resume")
 
 #: Every error code the daemon sends. Short snake_case strings, stable: clients and the
 #: ``gated_signals_rejected_total{reason}`` metric rely on them.
@@ -43,7 +45,10 @@ ERROR_CODES = (
     "unknown_op",     # op is not one of OPS
     "too_large",      # a size or length limit was exceeded
     "too_deep",       # nesting deeper than Limits.max_depth
-    "overloaded",     # the daemon cannot take more work now; retry later
+    "overloaded",     # the daemon cannot take more work now (a connection or buffer bound
+                      # across connections); the connection is closed; retry with backoff
+    "timeout",        # a message did not arrive whole within limits.read_timeout_s (closed)
+    "forbidden",      # this client's user may not use this op ([access]); nothing was done
     "store_full",     # the disk or the LMDB map is full: nothing was stored; retry later
     "shutting_down",  # the daemon is draining for a stop; reconnect after restart
     "internal",       # a bug or an unexpected failure inside the daemon
@@ -51,63 +56,6 @@ ERROR_CODES = (
 
 #: Codes after which the decoder has lost the message boundaries.
 FATAL_CODES = ("malformed", "too_large", "too_deep")
-
-KIB = 1024
-MIB = 1024 * KIB
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Protocol limits, derived from DESIGN section 2 (``[limits]`` in the config).
-
-    Hard limits (fatal, the connection closes): ``max_message_bytes``, ``max_map_len``,
-    ``max_array_len``, ``max_ext_bytes``, ``max_items``; and any nesting deeper than
-    msgpack's own decoder stack (1024).
-    Soft limits (an error reply, the connection stays): ``max_batch``,
-    ``max_context_bytes``, ``max_history``, ``max_reason_bytes``, ``max_id_bytes``,
-    ``max_depth``.
-    """
-
-    #: One message, in bytes. A single signal at its largest (64 KiB context plus 16
-    #: history entries of up to 64 KiB) is ~1.1 MiB; a batch of 4096 typical signals is a
-    #: few MiB.
-    max_message_bytes: int = 8 * MIB
-    #: Entries of any one map. A signal has 7 fields; 64 leaves room for extensions
-    #: while keeping a hostile header from presizing a huge dict.
-    max_map_len: int = 64
-    #: Elements of any one array, checked at the header, before allocation. Larger than
-    #: max_batch so that a slightly-too-big batch still gets a clear (soft) error reply.
-    max_array_len: int = 16384
-    #: Payload bytes of a msgpack ext value (only useful as an exotic ``rid``).
-    max_ext_bytes: int = 64
-    #: Decoded objects per message: every map, array and element counts one. Bounds the
-    #: Python objects a message can turn into (a 1-byte msgpack value can become a
-    #: 50-byte Python object); 4096 signals of ~25 objects each fit.
-    max_items: int = 131072
-    #: Signals in one ``signals`` request.
-    max_batch: int = 4096
-    #: UTF-8 bytes of ``context`` and of each ``history`` entry.
-    max_context_bytes: int = 64 * KIB
-    #: Entries of ``history``.
-    max_history: int = 16
-    #: UTF-8 bytes of ``reason`` (checked by the signal validator, gated/signals.py).
-    max_reason_bytes: int = 4 * KIB
-    #: UTF-8 bytes of a signal ``id`` (checked by the signal validator).
-    max_id_bytes: int = 128
-    #: Nesting depth of a request: the request map is 1, ``signals`` 2, a signal 3, its
-    #: history 4. Deeper than this (but within the decoder's stack) gets ``too_deep``.
-    max_depth: int = 8
-
-    def __post_init__(self) -> None:
-        for name, value in self.__dict__.items():
-            if type(value) is not int or value < 1:
-                raise ValueError(f"protocol limit {name} must be a positive integer, got "
-                                 f"{value!r}")
-        if self.max_array_len < max(self.max_batch, self.max_history):
-            raise ValueError(f"max_array_len ({self.max_array_len}) must be at least "
-                             f"max_batch ({self.max_batch}) and max_history "
-                             f"({self.max_history})")
-
 
 class ProtocolError(Exception):
     """A request the daemon will not serve, with the code and message the client gets.
@@ -144,7 +92,8 @@ class Request:
     their content is checked by gated/signals.py). ``signals``: one entry per signal, in
     order, either the signal's map or a :class:`ProtocolError` for an entry that is not a
     map (it gets its own ``{"error": ...}`` result; the rest of the batch proceeds).
-    ``context``/``history``: for predict and explain.
+    ``context``/``history``: for predict and explain. ``args``: the checked fields of an
+    operator op (rollback: ``to``, ``pause``).
     """
 
     op: str
@@ -153,6 +102,7 @@ class Request:
     signals: list[dict[str, Any] | ProtocolError] | None = None
     context: str | None = None
     history: list[str] = field(default_factory=list)
+    args: dict[str, Any] | None = None
 
 
 # --- replies --------------------------------------------------------------------------
@@ -196,6 +146,7 @@ class _ItemBudget:
     msgpack has no object-count limit, so this rides on ``list_hook``/``object_hook``,
     which the C decoder calls once per finished array/map. The count is reset only when a
     whole message has been decoded, so a message split across reads is counted once.
+    The map hook also refuses a map key that is not a str (see :func:`check_map_keys`).
     """
 
     __slots__ = ("limit", "left")
@@ -213,9 +164,31 @@ class _ItemBudget:
             raise _TooManyItems(f"a message decodes to more than {self.limit} objects")
         return obj
 
+    def map_hook(self, obj: dict) -> dict:
+        check_map_keys(obj)
+        return self.hook(obj)
+
 
 class _TooManyItems(ValueError):
     pass
+
+
+class _NonStrKey(ValueError):
+    pass
+
+
+def check_map_keys(obj: dict) -> dict:
+    """Refuse a decoded map whose keys are not all str (an ``object_hook``).
+
+    ``strict_map_key`` lets str AND bin keys through; docs/protocol.md says map keys are
+    str, and a bin ``b"op"`` is not the key ``"op"``, so a bin key is malformed too.
+    """
+    for k in obj:
+        if type(k) is not str:
+            raise _NonStrKey(f"a map key is {_typename(k)} ({k!r:.40}), not str: map keys "
+                             "must be msgpack str (pack with use_bin_type=True, keys as "
+                             "text)")
+    return obj
 
 
 def make_unpacker(limits: Limits | None = None, *,
@@ -226,14 +199,15 @@ def make_unpacker(limits: Limits | None = None, *,
     field sizes are soft limits checked after decoding, so an oversize context gets a clear
     reply instead of a closed connection). Array and map lengths are checked at the
     header, before msgpack preallocates the container. Map keys must be str
-    (``strict_map_key``); str must be valid UTF-8 (``raw=False``). Nesting: msgpack's C
+    (``strict_map_key`` refuses other types, :func:`check_map_keys` bin); str must be
+    valid UTF-8 (``raw=False``). Nesting: msgpack's C
     decoder refuses more than 1024 levels (``StackError``); shallower excess is caught by
     :func:`depth_exceeds`.
     """
     lim = limits or Limits()
-    hooks: dict[str, Any] = {}
+    hooks: dict[str, Any] = {"object_hook": check_map_keys}
     if budget is not None:
-        hooks = {"list_hook": budget.hook, "object_hook": budget.hook}
+        hooks = {"list_hook": budget.hook, "object_hook": budget.map_hook}
     return msgpack.Unpacker(
         raw=False,
         strict_map_key=True,
@@ -333,6 +307,9 @@ class FrameDecoder:
                 return False
             except _TooManyItems as e:
                 self._fatal(out, "too_large", f"{e} (max_items); split the batch")
+                return False
+            except _NonStrKey as e:
+                self._fatal(out, "malformed", str(e))
                 return False
             except msgpack.BufferFull:  # cannot happen: feed() never overfills
                 self._fatal(out, "too_large", f"a message exceeds "
@@ -450,8 +427,18 @@ def validate_request(obj: Any, limits: Limits | None = None) -> Request:
     if op not in OPS:
         raise ProtocolError("unknown_op", f"unknown op {op[:64]!r}; ops are "
                                           f"{', '.join(OPS)}", rid=rid)
-    if op in ("ping", "status"):
+    if op in ("ping", "status", "resume"):
         return Request(op=op, rid=rid)
+    if op == "rollback":
+        to = obj.get("to")
+        if not isinstance(to, int) or isinstance(to, bool) or to < 1:
+            raise ProtocolError("missing_field" if to is None else "wrong_type",
+                                "rollback needs 'to': a kept published version (int >= 1)",
+                                rid=rid)
+        pause = obj.get("pause", False)
+        if not isinstance(pause, bool):
+            raise ProtocolError("wrong_type", "'pause' must be a bool", rid=rid)
+        return Request(op=op, rid=rid, args={"to": to, "pause": pause})
     if op in ("predict", "explain"):
         context = _check_text(obj, "context", rid, lim, required=True)
         return Request(op=op, rid=rid, context=context, history=_check_history(obj, rid, lim))

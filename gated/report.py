@@ -100,3 +100,20 @@ def render(history: Sequence[dict], path: str | Path) -> int:
         _panel(img, PANEL_H, steps, align, GREEN, 0.0, 1.0)
     write_png(path, img)
     return len(steps)
+
+
+#: Colours for :func:`render_panels` (cycled).
+COLORS = (BLUE, GREEN, (214, 39, 40), (148, 103, 189), (255, 127, 14))
+
+
+def render_panels(panels: Sequence[tuple[Sequence[float], Sequence[float]]],
+                  path: str | Path, *, floors: Sequence[float | None] | None = None) -> None:
+    """One line chart per (xs, ys) pair, stacked top to bottom (bench/bench_soak.py draws
+    RSS and latency over time with it). ``floors[i]`` fixes panel i's lower bound (e.g.
+    0, so that a flat line is not magnified)."""
+    img = np.full((max(1, len(panels)) * PANEL_H, WIDTH, 3), 255, dtype=np.uint8)
+    for i, (xs, ys) in enumerate(panels):
+        lo = floors[i] if floors is not None and i < len(floors) else None
+        _panel(img, i * PANEL_H, np.asarray(xs, dtype=float), np.asarray(ys, dtype=float),
+               COLORS[i % len(COLORS)], lo)
+    write_png(path, img)

@@ -9,23 +9,28 @@ false-positive/false-negative escalation survives restarts.
 
 Unknown keys: rejected (code ``unknown_field``). A misspelt ``feedbak`` silently dropped
 would lose a person's correction, which is worse than asking the client to fix its map.
-Transport keys (``op``, ``rid``) can be whitelisted by the caller with ``allow_extra``.
+(The transport keys ``op`` and ``rid`` never get here: gated/protocol.py strips them.)
+
+Sizes are checked against the configured :class:`gated.config.Limits` (``[limits]``:
+``max_context_bytes`` for the context and each history entry, ``max_history``,
+``max_reason_bytes``, ``max_id_bytes``), the same numbers the protocol checks a
+``predict`` request against. The daemon validates each signal once, at ingest; the store
+trusts what comes out of :func:`validate_signal`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-# Limits of DESIGN.md section 2 (sizes are UTF-8 bytes).
-MAX_ID_BYTES = 128
-MAX_CONTEXT_BYTES = 64 * 1024
-MAX_HISTORY_ITEMS = 16
-MAX_HISTORY_ITEM_BYTES = 64 * 1024  # DESIGN is silent; one history item is one tool call
-MAX_REASON_BYTES = 4 * 1024
+from .config import Limits
+
+#: The size limits a signal is checked against when the caller passes none: the
+#: defaults of ``[limits]`` (DESIGN.md section 2; sizes are UTF-8 bytes).
+DEFAULT_LIMITS = Limits()
 
 DECISIONS = ("allow", "block")
 FEEDBACKS = ("confirm", "override_allow", "override_block", "false_positive", "false_negative")
@@ -34,7 +39,8 @@ CORRECTIONS = ("override_allow", "override_block", "false_positive", "false_nega
 #: Feedback kinds whose examples escalate in weight and are locked in the replay reservoir.
 ESCALATING = ("false_positive", "false_negative")
 
-SIGNAL_KEYS = ("id", "context", "history", "decision", "feedback", "reason", "ts")
+SIGNAL_KEYS = ("id", "context", "history", "decision", "feedback", "reason", "ts",
+               "prediction_id")
 
 
 class SignalError(ValueError):
@@ -74,23 +80,27 @@ def _string(obj: Mapping[str, Any], key: str, limit: int, *, required: bool) -> 
     return value
 
 
-def validate_signal(obj: Any, *, allow_extra: Iterable[str] = ()) -> dict[str, Any]:
+def validate_signal(obj: Any, limits: Limits | None = None) -> dict[str, Any]:
     """Check a signal map and return its normalised form, or raise `SignalError`.
 
-    The result always has the seven keys ``context, history, decision, feedback, reason,
-    id, ts`` (absent optional values are None, ``history`` is a list, an empty ``reason``
-    is None, ``ts`` is a float). Validating an already normalised signal returns an equal
-    dict, so layers may validate again without harm. Keys in ``allow_extra`` are ignored;
-    any other unknown key is an error.
+    Sizes are checked against ``limits`` (the config's ``[limits]``; None means the
+    defaults). The result always has the eight keys ``context, history, decision,
+    feedback, reason, id, ts, prediction_id`` (absent optional values are None,
+    ``history`` is a list, an empty ``reason`` is None, ``ts`` is a float). Validating an
+    already normalised signal returns an equal dict. An unknown key is an error.
+
+    ``prediction_id`` is the id a ``predict``/``explain`` reply carried, linking this
+    outcome to that served prediction (the audit log, served alignment); at most
+    ``max_prediction_id_bytes``.
     """
+    lim = DEFAULT_LIMITS if limits is None else limits
     if not isinstance(obj, Mapping):
         raise SignalError("wrong_type", f"a signal must be a map, got {type(obj).__name__}")
-    extra = set(allow_extra)
     for key in obj:
-        if key not in SIGNAL_KEYS and key not in extra:
+        if key not in SIGNAL_KEYS:
             raise SignalError("unknown_field", f"unknown key {str(key)[:64]!r}; a signal has "
                                                f"only {', '.join(SIGNAL_KEYS)}")
-    context = _string(obj, "context", MAX_CONTEXT_BYTES, required=True)
+    context = _string(obj, "context", lim.max_context_bytes, required=True)
     assert context is not None
     if not context.strip():
         raise SignalError("invalid_value", "'context' is empty; send the tool call as the gate "
@@ -102,17 +112,17 @@ def validate_signal(obj: Any, *, allow_extra: Iterable[str] = ()) -> dict[str, A
         if not isinstance(history_raw, list | tuple):
             raise SignalError("wrong_type", "'history' must be a list of strings, got "
                                             f"{type(history_raw).__name__}")
-        if len(history_raw) > MAX_HISTORY_ITEMS:
+        if len(history_raw) > lim.max_history:
             raise SignalError("too_large", f"'history' has {len(history_raw)} items; the limit "
-                                           f"is {MAX_HISTORY_ITEMS}: send the most recent ones")
+                                           f"is {lim.max_history}: send the most recent ones")
         for i, item in enumerate(history_raw):
             if not isinstance(item, str):
                 raise SignalError("wrong_type", f"'history[{i}]' must be a string, got "
                                                 f"{type(item).__name__}")
             size = _utf8_len(item, f"history[{i}]")
-            if size > MAX_HISTORY_ITEM_BYTES:
+            if size > lim.max_context_bytes:
                 raise SignalError("too_large", f"'history[{i}]' is {size} bytes; the limit is "
-                                               f"{MAX_HISTORY_ITEM_BYTES} bytes")
+                                               f"{lim.max_context_bytes} bytes (UTF-8)")
             history.append(item)
 
     decision = obj.get("decision")
@@ -134,9 +144,9 @@ def validate_signal(obj: Any, *, allow_extra: Iterable[str] = ()) -> dict[str, A
             raise SignalError("invalid_value", f"'feedback' is {feedback[:32]!r}; it must be "
                                                f"one of {', '.join(FEEDBACKS)} (or absent)")
 
-    reason = _string(obj, "reason", MAX_REASON_BYTES, required=False) or None
+    reason = _string(obj, "reason", lim.max_reason_bytes, required=False) or None
 
-    sid = _string(obj, "id", MAX_ID_BYTES, required=False)
+    sid = _string(obj, "id", lim.max_id_bytes, required=False)
     if sid == "":
         raise SignalError("invalid_value", "'id' is empty; leave it out or send a unique string")
 
@@ -149,8 +159,14 @@ def validate_signal(obj: Any, *, allow_extra: Iterable[str] = ()) -> dict[str, A
         if not math.isfinite(ts):
             raise SignalError("invalid_value", "'ts' must be a finite number of unix seconds")
 
+    pid = _string(obj, "prediction_id", lim.max_prediction_id_bytes, required=False)
+    if pid == "":
+        raise SignalError("invalid_value", "'prediction_id' is empty; leave it out or send "
+                                           "the id a predict reply carried")
+
     return {"context": context, "history": history, "decision": decision,
-            "feedback": feedback, "reason": reason, "id": sid, "ts": ts}
+            "feedback": feedback, "reason": reason, "id": sid, "ts": ts,
+            "prediction_id": pid}
 
 
 def _norm_ws(text: str) -> str:
@@ -200,15 +216,6 @@ class WeightTable:
         for w in weights:
             if not (isinstance(w, int | float) and math.isfinite(w) and w > 0):
                 raise ValueError(f"signal weights must be finite and > 0, got {w!r}")
-
-    @classmethod
-    def from_mapping(cls, cfg: Mapping[str, Any]) -> WeightTable:
-        """Build from a config table, e.g. ``{"confirm": 1, "escalation": [4, 6, 8]}``."""
-        known = {"confirm", "override", "escalation", "fingerprint_history"}
-        unknown = set(cfg) - known
-        if unknown:
-            raise ValueError(f"unknown weight settings {sorted(unknown)}; known: {sorted(known)}")
-        return cls(**dict(cfg))
 
     def escalated(self, prior_count: int) -> float:
         """Weight of a correction seen ``prior_count`` times before for the same context."""

@@ -14,6 +14,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from gated.client import Client
+from gated.config import BandsConfig
 from gated.demo import free_port
 
 #: A config that trains, swaps and checkpoints quickly (daemon tests).
@@ -26,6 +27,15 @@ swap_every_seconds = 0.5
 checkpoint_every_steps = 5
 idle_steps_per_second = 5.0
 """
+
+
+def expected_band(p_allow: float, bands: BandsConfig | None = None) -> str:
+    """The band docs/protocol.md defines for ``p_allow`` under ``[bands]`` (default: the
+    config's defaults), computed here independently of the daemon's code."""
+    b = bands or BandsConfig()
+    if p_allow >= b.allow:
+        return "allow"
+    return "block" if p_allow <= b.block else "ask"
 
 
 @dataclass

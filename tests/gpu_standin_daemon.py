@@ -26,12 +26,15 @@ from gated import cli
 MiB = 1 << 20
 
 
-def main() -> int:
+def install_standin() -> None:
+    """Patch this process. Called at import: the trainer process is spawned, and spawn
+    imports this (the parent's main) module in the child, so the child is patched too."""
     fail = {int(x) for x in os.environ.get("GATED_STANDIN_FAIL_ADAMW", "").split(",") if x}
     made: list[StandInGpuOps] = []
 
     def factory() -> StandInGpuOps:
-        # The trainer's model asks first (build_trainer), then every serving snapshot.
+        # In the trainer process the trainer's model asks first (build_trainer), then
+        # its serving snapshots; in the daemon only serving snapshots ask (no adamw).
         ops = StandInGpuOps(fail_adamw=fail if not made else ())
         made.append(ops)
         return ops
@@ -53,6 +56,12 @@ def main() -> int:
 
     device.select_backend = select_backend
     device.gpu_preflight = gpu_preflight
+
+
+install_standin()
+
+
+def main() -> int:
     return cli.main(sys.argv[1:])
 
 

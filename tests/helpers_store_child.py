@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
+from gated.signals import validate_signal  # noqa: E402
 from gated.store import GroupCommitter, Store  # noqa: E402
 
 CKPT_N = 50_000  # floats per checkpoint array: big enough that a kill lands mid-write
@@ -42,7 +43,7 @@ def signal_for(sid: str) -> dict:
            "history": [f"prev {h}"] if h % 3 else []}
     if h % 11 == 0:
         sig["feedback"] = "false_positive"
-    return sig
+    return validate_signal(sig)  # as the daemon hands it to the group committer
 
 
 def child_signals(cmd: dict) -> None:

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from daemon_proc import start, wait_until
+from daemon_proc import expected_band, start, wait_until
 
 from gated.synthetic import SyntheticGateway
 
@@ -46,9 +46,9 @@ def test_cli_send_predict_explain_status_report_backup_inspect(tmp_path):
         with d.client() as c:
             wait_until(lambda: c.status()["queue_depth"] == 0, what="training caught up")
         pred = json.loads(gated("predict", "--socket", sock, "bash rm -rf /").stdout)
-        assert pred["band"] in ("allow", "ask", "block") and pred["version"] >= 1
+        assert pred["band"] == expected_band(pred["p_allow"]) and pred["version"] >= 1
         exp = json.loads(gated("explain", "--socket", sock, "bash rm -rf /").stdout)
-        assert isinstance(exp["reason"], str)
+        assert isinstance(exp["reason"], str) and exp["band"] == expected_band(exp["p_allow"])
         st = json.loads(gated("status", "--socket", sock).stdout)
         assert st["last_seq"] == 151 and st["step"] >= 1
     finally:
@@ -64,10 +64,16 @@ def test_cli_send_predict_explain_status_report_backup_inspect(tmp_path):
     r = gated("backup", str(backup), "--state-dir", str(d.state_dir))
     assert r.returncode == 0, r.stderr
     info = json.loads(gated("inspect", str(backup), "--json").stdout)
-    text = json.dumps(info)
-    assert "151" in text  # the backup holds every signal
+    # the backup holds every signal, and the same state as the original
+    assert info["signals"]["count"] == 151
+    assert (info["signals"]["first_seq"], info["signals"]["last_seq"]) == (1, 151)
+    live = json.loads(gated("inspect", str(d.state_dir), "--json").stdout)
+    for part in ("signals", "escalation_fingerprints", "replay", "checkpoint", "published"):
+        assert info[part] == live[part], part
     r = gated("inspect", str(d.state_dir))
-    assert r.returncode == 0 and r.stdout.strip()
+    assert r.returncode == 0
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("signals "))
+    assert "151 stored (seq 1..151), last seq 151" in line, r.stdout
 
 
 @pytest.mark.slow

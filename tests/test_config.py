@@ -7,6 +7,8 @@ import dataclasses
 import logging
 import os
 import re
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -18,15 +20,14 @@ from gated.config import (
     SAFE_KEYS,
     Config,
     ConfigError,
-    ConfigWatcher,
-    Reloader,
     cli_overrides,
     default_config,
     diff_reload,
     key_doc,
     load_config,
 )
-from gated.metrics import Metrics
+from gated.daemon.metrics import Metrics
+from gated.daemon.reload import ConfigWatcher, Reloader
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "gated.example.toml"
@@ -115,6 +116,15 @@ def test_metrics_can_be_disabled(tmp_path):
     assert load_config(f, env={}).daemon.metrics_addr == ""
 
 
+def test_config_package_imports_nothing_of_the_daemon():
+    code = ("import sys, gated.config; "
+            "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('gated', 'watchdog', 'lmdb', 'msgpack', 'prometheus_client'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=ROOT).stdout.split()
+    assert out and all(m == "gated" or m.startswith("gated.config") for m in out), out
+
+
 # --- invalid values ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("text, needles", [
@@ -143,6 +153,7 @@ def test_metrics_can_be_disabled(tmp_path):
     ("[bands]\nallow = 1.5\n", ["bands.allow = 1.5", "<= 1"]),
     ("[limits]\nmax_batch = 0\n", ["limits.max_batch = 0", ">= 1"]),
     ("[limits]\nmax_batch = 20000\n", ["max_array_len (16384) must be at least max_batch"]),
+    ("[limits]\nmax_id_bytes = 512\n", ["max_id_bytes (512) must be at most 511"]),
     ("[retention]\nmax_count = -1\n", ["retention.max_count = -1", ">= 0"]),
     ("[train\nlr = 1\n", ["not valid TOML"]),
 ])

@@ -8,15 +8,15 @@ import time
 
 import msgpack
 import pytest
-from daemon_proc import FAST, start, wait_until
+from daemon_proc import FAST, expected_band, start, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
+from gated.daemon.metrics import SERIES
 from gated.engine import Model, ModelConfig, source_batch
-from gated.metrics import SERIES
 from gated.store import load_published
 from gated.synthetic import SyntheticGateway
 
-# Every series docs/operations.md documents (gated.metrics.SERIES is checked against it).
+# Every series docs/operations.md documents (gated.daemon.metrics.SERIES is checked against it).
 DOCUMENTED_SERIES = sorted(SERIES)
 
 
@@ -37,7 +37,7 @@ def test_end_to_end_signals_train_swap_predict_metrics(tmp_path, config):
     try:
         with d.client() as c:
             before = c.predict("bash rm -rf /", ["ls"])
-            assert before["version"] == 0 and before["band"] in ("allow", "ask", "block")
+            assert before["version"] == 0 and before["band"] == expected_band(before["p_allow"])
             results = c.signals(_signals(300))
             assert [r["seq"] for r in results] == list(range(1, 301))
             assert not any(r["duplicate"] for r in results)
@@ -64,6 +64,28 @@ def test_end_to_end_signals_train_swap_predict_metrics(tmp_path, config):
         assert samples["gated_signals_received_total"] == 302
         assert samples["gated_train_steps_total"] >= st["step"]
         assert samples["gated_weights_version"] >= 2
+    finally:
+        assert d.stop() == 0
+
+
+def test_bands_are_the_configured_thresholds_of_p_allow_and_reload(tmp_path):
+    """Thresholds that leave one band possible force it, for predict and explain; a
+    change of [bands] in the file applies to the next prediction (the key is hot)."""
+    path = tmp_path / "gated.toml"
+    forced = {"ask": (1.0, 0.0),     # allow needs p >= 1, block p <= 0
+              "allow": (0.0, 0.0),   # every p >= 0
+              "block": (1.0, 1.0)}   # every p <= 1 (p >= 1 would be checked first)
+    path.write_text("[bands]\nallow = 1.0\nblock = 0.0\n")
+    d = start(tmp_path, config=path)
+    try:
+        with d.client() as c:
+            for band, (allow, block) in forced.items():
+                path.write_text(f"[bands]\nallow = {allow}\nblock = {block}\n")
+                got = wait_until(lambda band=band: (r := c.predict("bash rm -rf /", ["ls"]))
+                                 ["band"] == band and r, what=f"band {band!r}")
+                assert 0.0 < got["p_allow"] < 1.0, got  # strictly inside: forced, not luck
+                ex = c.explain("bash rm -rf /", ["ls"])
+                assert ex["band"] == band, ex
     finally:
         assert d.stop() == 0
 

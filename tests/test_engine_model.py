@@ -269,3 +269,28 @@ def test_scoring_in_length_sorted_chunks_gives_each_row_its_own_logit():
     chunked = model.predict_z(source_batch(items, cfg), chunk=4)
     alone = [model.predict_z(source_batch([it], cfg))[0] for it in items]
     np.testing.assert_allclose(chunked, alone, rtol=1e-10, atol=1e-12)
+
+
+def test_inference_plan_gives_the_models_gate_logits():
+    """engine/infer.py rearranges the weights (pre-transposed, Q/K/V fused) for serving; its
+    logits must be Model.predict_z's, for calls with and without history, to float32
+    rounding, with every parameter (gate, wide path) random so nothing is trivially 0."""
+    from gated.engine.infer import InferencePlan
+    from gated.traffic import GatewayTraffic
+
+    for cfg in (ModelConfig.tiny(), ModelConfig(d_model=64, n_heads=4, d_ff=128,
+                                                n_enc_layers=2, n_dec_layers=1,
+                                                max_seq_len=128, wide_buckets=1 << 10)):
+        model = Model.init(cfg, seed=0)
+        rng = np.random.default_rng(1)
+        model.flat[...] = rng.normal(0.0, 0.1, model.flat.shape).astype(model.flat.dtype)
+        traffic = GatewayTraffic(seed=2)
+        items = [(e.signal["context"], e.signal["history"]) for e in
+                 (traffic.next() for _ in range(24))] + [("fs.read {}", None)]
+        sources = source_batch(items, cfg)
+        want = model.predict_z(sources)
+        plan = InferencePlan(model)
+        assert np.abs(want).max() > 0.1
+        np.testing.assert_allclose(plan.logits(sources), want, rtol=1e-4, atol=1e-5)
+        alone = np.concatenate([plan.logits(source_batch([it], cfg)) for it in items])
+        np.testing.assert_allclose(alone, want, rtol=1e-4, atol=1e-5)

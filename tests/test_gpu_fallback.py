@@ -21,11 +21,11 @@ from gpu_standin import FakeKernels, FakeRuntime, StandInCudaError, StandInGpuOp
 
 import gated.device as device
 from gated.config import TrainConfig
+from gated.daemon.trainer import GPU_FAILURES_BEFORE_CPU, TrainerEvents, build_trainer
 from gated.engine import ModelConfig, param_layout
 from gated.engine.layout import num_params
 from gated.engine.ops_numpy import NumpyOps
 from gated.store import Store, StoreError
-from gated.trainer import GPU_FAILURES_BEFORE_CPU, TrainerEvents, build_trainer
 
 GiB = 1 << 30
 STANDIN_DAEMON = [sys.executable, str(Path(__file__).with_name("gpu_standin_daemon.py"))]

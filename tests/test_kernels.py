@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from cuda_emu import EmuOps, gxx_available, kernel_signatures
 
+from gated.daemon.serving import Bands
 from gated.device import cuda_status
 from gated.engine import Model, ModelConfig, build_batch
 from gated.engine.layout import init_flat, param_layout
@@ -23,7 +24,6 @@ from gated.engine.ops_numpy import NumpyOps
 from gated.engine.optim import AdamW
 from gated.engine.tokenizer import source_batch
 from gated.engine.train import train_step
-from gated.serving import Bands
 
 REF = NumpyOps()
 
@@ -335,7 +335,7 @@ def test_swap_copies_the_weights_once_on_the_device():
     _cupy_ops()
     import cupy
 
-    from gated.serving import Serving
+    from gated.daemon.serving import Serving
 
     cfg = ModelConfig.tiny()
     flat = cupy.asarray(init_flat(param_layout(cfg), 0), dtype=np.float32)

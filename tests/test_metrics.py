@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 from daemon_proc import metric_samples, metric_value
 
-from gated.metrics import (
+from gated.config import parse_hostport
+from gated.daemon.metrics import (
     CONFUSION_CELLS,
     REJECT_REASONS,
     SERIES,
     Metrics,
-    parse_hostport,
     start_http_server,
 )
 from gated.protocol import ERROR_CODES

@@ -62,17 +62,36 @@ def test_every_op_decodes_to_a_request():
         {"op": "explain", "rid": [4, "x"], "context": "c"},
         {"op": "signal", "rid": 5, **SIGNAL},
         {"op": "signals", "rid": None, "signals": [SIGNAL, SIGNAL]},
+        {"op": "rollback", "rid": 6, "to": 3},
+        {"op": "rollback", "rid": 7, "to": 2, "pause": True},
+        {"op": "resume", "rid": 8},
     ]
     items = dec.feed(b"".join(pack(m) for m in msgs))
-    assert [i.op for i in items] == ["ping", "status", "predict", "explain", "signal", "signals"]
+    assert [i.op for i in items] == ["ping", "status", "predict", "explain", "signal", "signals",
+                                     "rollback", "rollback", "resume"]
     assert all(isinstance(i, Request) for i in items)
-    assert [i.rid for i in items] == [1, "two", 3, [4, "x"], 5, None]
+    assert [i.rid for i in items] == [1, "two", 3, [4, "x"], 5, None, 6, 7, 8]
+    assert items[6].args == {"to": 3, "pause": False} and items[7].args == {"to": 2,
+                                                                              "pause": True}
     assert items[2].context == "c" and items[2].history == ["a", "b"]
     assert items[3].history == []
     assert items[4].signal == SIGNAL  # op and rid stripped, everything else passed on
     assert items[5].signals == [SIGNAL, SIGNAL]
     assert dec.pending_bytes == 0 and not dec.closed
-    assert set(OPS) == {"signal", "signals", "predict", "explain", "status", "ping"}
+    assert set(OPS) == {"signal", "signals", "predict", "explain", "status", "ping",
+                        "rollback", "resume"}
+
+
+@pytest.mark.parametrize("msg,code", [
+    ({"op": "rollback", "rid": 1}, "missing_field"),
+    ({"op": "rollback", "rid": 1, "to": "3"}, "wrong_type"),
+    ({"op": "rollback", "rid": 1, "to": 0}, "wrong_type"),
+    ({"op": "rollback", "rid": 1, "to": True}, "wrong_type"),
+    ({"op": "rollback", "rid": 1, "to": 2, "pause": "yes"}, "wrong_type"),
+])
+def test_rollback_needs_a_version_and_a_bool_pause(msg, code):
+    (item,) = FrameDecoder().feed(pack(msg))
+    assert isinstance(item, ProtocolError) and item.code == code and item.rid == 1
 
 
 def test_a_good_frame_split_byte_by_byte():
@@ -195,6 +214,7 @@ def test_requests_before_garbage_are_still_returned():
 @pytest.mark.parametrize("data, code", [
     (b"\xc1", "malformed"),                                # reserved type byte
     (b"\x81\x01\x02", "malformed"),                        # int map key (strict_map_key)
+    (b"\x81\xc4\x02op\xa4ping", "malformed"),               # bin map key: {b"op": "ping"}
     (b"\x81\xa2op\xa2\xff\xfe", "malformed"),              # invalid UTF-8 in a str
     (b"\xdd\x80\x00\x00\x00", "too_large"),                # array32 claiming 2^31 elements
     (b"\xdf\x80\x00\x00\x00", "too_large"),                # map32 claiming 2^31 entries
@@ -207,6 +227,28 @@ def test_hostile_bytes_close_the_connection(data, code):
     dec = FrameDecoder()
     assert_fatal(dec.feed(data), code)
     assert dec.closed
+
+
+def test_bin_map_keys_anywhere_are_malformed_and_close_the_connection():
+    """docs/protocol.md: map keys are str; a bin key (``{b"op": "ping"}``) is not "op".
+    Before, strict_map_key let bin keys through and the request got ``missing_field``
+    with the connection kept."""
+    for msg in ({b"op": "ping", "rid": 1},
+                {"op": "signal", "rid": 2, "context": "ls", "decision": "allow",
+                 "extra": {b"k": 1}},
+                {"op": "signals", "rid": 3, "signals": [{b"context": "ls", "decision": "allow"}]}):
+        dec = FrameDecoder()
+        items = dec.feed(pack({"op": "ping", "rid": 0}) + pack(msg) + pack({"op": "ping"}))
+        assert isinstance(items[0], Request) and items[0].rid == 0  # earlier ones answered
+        assert len(items) == 2, items
+        assert_fatal(items, "malformed")
+        assert "map key" in items[-1].message and "bin" in items[-1].message
+        assert dec.closed
+    # the unpacker the decoder builds without an item budget refuses them too
+    unpacker = make_unpacker()
+    unpacker.feed(pack({b"op": "ping"}))
+    with pytest.raises(ValueError, match="map key"):
+        unpacker.unpack()
 
 
 def test_huge_headers_do_not_allocate():
@@ -406,3 +448,11 @@ def test_the_documented_example_client_runs(tmp_path):
     assert [r.op for r in seen] == ["signal", "predict"]
     assert seen[0].signal["decision"] == "block" and seen[0].signal["id"] == "example-1"
     assert "'seq': 1" in out.stdout and "'band': 'ask'" in out.stdout
+
+
+def test_every_error_code_is_in_the_protocol_doc():
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "protocol.md").read_text()
+    table = {line.split("|")[1].strip().strip("`") for line in doc.splitlines()
+             if line.startswith("| `")}
+    missing = [c for c in ERROR_CODES if c not in table]
+    assert not missing, f"docs/protocol.md's error table does not list {missing}"

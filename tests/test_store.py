@@ -10,7 +10,7 @@ import threading
 import numpy as np
 import pytest
 
-from gated.signals import SignalError, WeightTable
+from gated.signals import SignalError, WeightTable, validate_signal
 from gated.store import (
     CheckpointMismatch,
     GroupCommitter,
@@ -30,6 +30,11 @@ def sig(i: int | str, **kw) -> dict:
     base = {"context": f"fs.read(path='/srv/{i}')", "decision": "allow", "id": f"id-{i}"}
     base.update(kw)
     return base
+
+
+def vsig(i: int | str, **kw) -> dict:
+    """A signal as the daemon hands it to the group committer: validated once, at ingest."""
+    return validate_signal(sig(i, **kw))
 
 
 @pytest.fixture
@@ -121,7 +126,7 @@ def test_group_commit_batches_many_callers_and_acks_after_commit(store):
         seen_committed.append(last_seq)
 
     with GroupCommitter(store, on_commit=on_commit) as gc:
-        futures = [gc.submit([sig(i)]) for i in range(200)]
+        futures = [gc.submit([vsig(i)]) for i in range(200)]
 
         def check(fut):  # when a future resolves, a NEW read transaction sees its signal
             seq = fut.result()[0][0]
@@ -143,7 +148,7 @@ def test_group_commit_from_threads_dedups_the_same_id(store):
 
     def client(k: int) -> None:
         for i in range(10):
-            res = gc.append([sig(f"shared-{i}")]) + gc.append([sig(f"own-{k}-{i}")])
+            res = gc.append([vsig(f"shared-{i}")]) + gc.append([vsig(f"own-{k}-{i}")])
             with lock:
                 out.extend(res)
 
@@ -161,11 +166,14 @@ def test_group_commit_from_threads_dedups_the_same_id(store):
 
 
 def test_group_commit_weights_hot_reload(store):
-    fp = {"context": "same call", "decision": "block", "feedback": "false_positive"}
+    fp = validate_signal({"context": "same call", "decision": "block",
+                          "feedback": "false_positive"})
     with GroupCommitter(store, weights=WeightTable(escalation=(3.0,))) as gc:
-        gc.append([fp, {"context": "a", "decision": "allow", "feedback": "confirm"}])
+        gc.append([fp, validate_signal({"context": "a", "decision": "allow",
+                                        "feedback": "confirm"})])
         gc.set_weights(WeightTable(confirm=0.5, escalation=(4.0, 6.0, 9.0)))
-        gc.append([fp, {"context": "b", "decision": "allow", "feedback": "confirm"}])
+        gc.append([fp, validate_signal({"context": "b", "decision": "allow",
+                                        "feedback": "confirm"})])
     got = [(r["weight"]) for _, r in store.read_signals(0, 10)]
     # the second fp is the second for this context: escalation[1] of the new table
     assert got == [3.0, 1.0, 6.0, 0.5]
@@ -173,20 +181,27 @@ def test_group_commit_weights_hot_reload(store):
         store.set_weights({"confirm": 1.0})
 
 
-def test_group_commit_rejects_invalid_signal_synchronously(store):
+def test_group_commit_trusts_validated_signals_and_guards_only_the_shape(store):
+    """No second validation: a normalised signal is stored as it is. Only what would
+    fail the whole round is refused, synchronously and for that caller alone: a signal
+    that skipped validate_signal, or an id longer than an LMDB key."""
     with GroupCommitter(store) as gc:
-        with pytest.raises(SignalError) as info:
-            gc.submit([sig(1), sig(2, decision="perhaps")])
-        assert info.value.index == 1
-        assert gc.append([sig(3)]) == [(1, False)]
+        unvalidated = {"context": "x", "decision": "allow"}
+        with pytest.raises(TypeError, match=r"signal #1 was not normalised"):
+            gc.submit([vsig(1), unvalidated])
+        with pytest.raises(ValueError, match="longer than 511 UTF-8 bytes"):
+            gc.submit([{**vsig(2), "id": "i" * 512}])
+        assert gc.pending == 0
+        assert gc.append([{**vsig(3), "id": "i" * 511}]) == [(1, False)]
+    assert store.read_signals(0, 10)[0][1]["id"] == "i" * 511
     with pytest.raises(RuntimeError):
-        gc.submit([sig(4)])
+        gc.submit([vsig(4)])
 
 
 def test_group_commit_from_asyncio(store):
     async def main() -> list:
         with GroupCommitter(store) as gc:
-            return await asyncio.gather(*(asyncio.wrap_future(gc.submit([sig(i)]))
+            return await asyncio.gather(*(asyncio.wrap_future(gc.submit([vsig(i)]))
                                           for i in range(20)))
 
     results = asyncio.run(main())

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from gated import systemd
+from gated.daemon import systemd
 
 ROOT = Path(__file__).resolve().parents[1]
 UNITS = ROOT / "systemd"
@@ -81,7 +81,7 @@ def test_notify_is_a_noop_outside_systemd(monkeypatch, tmp_path, caplog):
 
 def test_notify_from_a_child_process(notify_socket):
     """The daemon is its own process: READY, WATCHDOG and STOPPING arrive from it."""
-    code = ("from gated import systemd as s; s.ready('up'); s.watchdog_ping(); "
+    code = ("from gated.daemon import systemd as s; s.ready('up'); s.watchdog_ping(); "
             "s.stopping('bye')")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=60)
     assert [recv(notify_socket) for _ in range(3)] == [
@@ -103,7 +103,7 @@ def test_watchdog_interval():
 
 CHILD = r"""
 import json, os, socket, sys
-from gated import systemd
+from gated.daemon import systemd
 named = systemd.listen_fds_with_names()
 left = {k: os.environ.get(k) for k in ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES")}
 info = [{"name": n, "fd": s.fileno(), "family": int(s.family), "type": int(s.type),
@@ -295,8 +295,8 @@ except OSError:
 ctypes.CFUNCTYPE(ctypes.c_int)(lambda: 1)()  # libffi closures (watchdog uses ctypes)
 import numpy as np
 from gated.engine import AdamW, Model, ModelConfig, build_batch
-from gated.config import ConfigWatcher
-from gated.metrics import Metrics
+from gated.daemon.reload import ConfigWatcher
+from gated.daemon.metrics import Metrics
 cfg = ModelConfig.tiny()
 model = Model.init(cfg, seed=0, backend="numpy", dtype="float32")
 batch = build_batch([{"context": "shell.exec ls", "history": [], "reason": "ok",

@@ -8,14 +8,16 @@ import dataclasses
 import numpy as np
 
 from gated.config import TrainConfig
+from gated.daemon.serving import Calibration
+from gated.daemon.trainer import AlignmentWindow, TrainerEvents, build_trainer
 from gated.engine import ModelConfig
-from gated.serving import Calibration
 from gated.store import Store
-from gated.trainer import AlignmentWindow, TrainerEvents, build_trainer
 
 
 def _trainer(tmp_path, **kw):
     store = Store(tmp_path / "state")
+    # no held-back slice here (tests/test_promotion.py covers it): every signal trains
+    kw.setdefault("promotion_holdout_share", 0.0)
     settings = dataclasses.replace(TrainConfig(), lr=3e-3, swap_every_steps=2, **kw)
     trainer, serving = build_trainer(store, ModelConfig.tiny(), settings, seed=0)
     return store, trainer, serving
@@ -100,9 +102,9 @@ def test_replay_skips_examples_contradicted_by_a_newer_signal(tmp_path):
     # The policy changes: the same download is now blocked.
     store.append_signals([_sig("http_get https://x.example", "block"),
                           _sig("read_file /etc/passwd", "block")])
-    trainer._note_latest([{"context": "http_get https://x.example", "label": 0.0},
+    trainer.latest.note([{"context": "http_get https://x.example", "label": 0.0},
                           {"context": "read_file /etc/passwd", "label": 0.0}])
-    kept = trainer._current(old)
+    kept = trainer.latest.current(old)
     contexts = {(e["context"], e["label"]) for e in kept}
     assert ("http_get https://x.example", 1.0) not in contexts  # stale label dropped
     assert ("bash ls", 1.0) in contexts  # no newer signal: kept

@@ -11,11 +11,11 @@ import numpy as np
 from gradcheck import numeric_grad_entries, rel_error
 
 from gated.config import TrainConfig
+from gated.daemon.serving import Calibration
+from gated.daemon.trainer import build_trainer
 from gated.engine import AdamW, Model, ModelConfig, build_batch
 from gated.engine.wide import BIAS_BUCKET, WideAdaGrad, wide_features
-from gated.serving import Calibration
 from gated.store import Store
-from gated.trainer import build_trainer
 
 
 def _bce(z: float, y: float, w: float) -> float:

@@ -23,7 +23,7 @@ class ModelConfig:
     n_dec_layers: int = 2
     max_seq_len: int = 256
     ln_eps: float = 1e-5
-    # --- the source and the gate (DESIGN.md section 1, revised 2026-11-23; docs/design.md)
+    # --- the source and the gate (docs/design.md section 1, revised; why: docs/learning.md)
     #: Version of the source encoding: 2 = current call first, then history newest-first,
     #: each entry abbreviated; segment embedding; gate pools call and history apart.
     #: 1 = the layout before 2026-11-23 (history SEP ... SEP call, the last max_seq_len

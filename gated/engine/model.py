@@ -28,7 +28,7 @@ def get_ops(backend: str) -> NumpyOps:
     raise ValueError(f"unknown backend {backend!r}; use 'numpy' or 'cupy'")
 
 
-def _length_chunks(batch: dict[str, np.ndarray], size: int):
+def length_chunks(batch: dict[str, np.ndarray], size: int):
     """Rows of a host batch in chunks of `size` rows of similar source length, each chunk's
     sources (and reasons, in a training batch) cut to its own longest: yields (rows, part).
 
@@ -218,7 +218,7 @@ class Model:
         host = {k: np.asarray(self.ops.to_numpy(v)) for k, v in batch.items()}
         n_targets = int(np.count_nonzero(host["tgt_out"] != PAD))
         total, parts = 0.0, {}
-        for i, (rows, part) in enumerate(_length_chunks(host, chunk_rows)):
+        for i, (rows, part) in enumerate(length_chunks(host, chunk_rows)):
             loss, chunk_parts, _ = self._forward(
                 part, need_grads=True, share=rows.size / b, ce_count=n_targets,
                 accumulate=i > 0, with_ewc=i == 0)
@@ -337,10 +337,10 @@ class Model:
 
     def predict_z(self, sources: dict[str, Any], chunk: int = 16) -> np.ndarray:
         """Gate logits as float64 host values (calibration works on logits), scored in
-        length-sorted chunks of `chunk` rows (`_length_chunks`: same values, less PAD)."""
+        length-sorted chunks of `chunk` rows (`length_chunks`: same values, less PAD)."""
         host = {k: np.asarray(self.ops.to_numpy(v)) for k, v in sources.items()}
         out = np.empty(host["src"].shape[0], dtype=np.float64)
-        for rows, part in _length_chunks(host, chunk):
+        for rows, part in length_chunks(host, chunk):
             out[rows] = self.ops.to_numpy(self.predict_logits(part)).astype(np.float64)
         return out
 

@@ -14,6 +14,18 @@ import numpy as np
 GELU_C = math.sqrt(2.0 / math.pi)
 
 
+def gelu_tanh(a):
+    """t = tanh(c (a + 0.044715 a^3)), the inner term of tanh-GELU, as a new array (the
+    forward keeps it for the backward pass; serving turns it into the output in place)."""
+    t = a * a
+    t *= 0.044715
+    t += 1.0
+    t *= a
+    t *= GELU_C
+    np.tanh(t, out=t)
+    return t
+
+
 class NumpyOps:
     """Reference implementations: exact, readable, vectorised."""
 
@@ -58,12 +70,7 @@ class NumpyOps:
         """
         a = h
         a += b
-        t = a * a
-        t *= 0.044715
-        t += 1.0
-        t *= a
-        t *= GELU_C
-        np.tanh(t, out=t)
+        t = gelu_tanh(a)
         y = t + 1.0
         y *= a
         y *= 0.5

@@ -11,7 +11,7 @@ vectorised with NumPy; it is stable across runs and machines (no Python ``hash``
 checkpoint's wide weights mean the same after a restart. Bucket 0 is the wide path's
 bias: every source has it with value 1 (an n-gram hashing there shares it; 1 in 2^18).
 
-Training (docs/design.md, "wide & deep"): the wide weights are NOT stepped by AdamW with
+Training (docs/learning.md, "wide & deep"): the wide weights are NOT stepped by AdamW with
 the transformer. `WideAdaGrad` updates them from every fresh signal as it is read, one
 signal at a time, by AdaGrad per bucket -- the optimiser the wide half of Wide & Deep and
 the anchor use, and what lets a linear model learn from its first signals -- with the

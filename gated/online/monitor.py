@@ -16,6 +16,7 @@ import numpy as np
 from ..signals import CORRECTIONS
 from .calibration import PlattCalibrator, brier_score, expected_calibration_error
 from .drift import PageHinkley
+from .per_tool import PerTool
 from .progressive import AlignmentWindow, CorrectedAlignment
 
 
@@ -39,6 +40,7 @@ class Monitor:
         self.corrected = CorrectedAlignment(s.window)
         self.calibrator = PlattCalibrator(size=s.calibration_window)
         self.drift = PageHinkley(s.drift_delta, s.drift_threshold, s.drift_min_samples)
+        self.per_tool = PerTool()
         self._recent: deque[tuple[float, float]] = deque(maxlen=s.window)  # (p_cal, label)
         self._seqs: deque[int] = deque(maxlen=20_000)  # seq of each drift observation
         self._run = 0  # observations since the detector's last reset
@@ -46,10 +48,13 @@ class Monitor:
         self.last_drift_seq: int | None = None
 
     def observe(self, seq: int, fingerprint: bytes, feedback: str | None, label: float,
-                z: float, p: float) -> int | None:
-        """Record one scored signal. Returns the sequence number where a policy change
-        began when this observation confirms one, else None."""
+                z: float, p: float, tool: str | None = None) -> int | None:
+        """Record one scored signal (of `tool`, for the per-tool view). Returns the
+        sequence number where a policy change began when this observation confirms one,
+        else None."""
         self.window.add(p, label)
+        if tool is not None:
+            self.per_tool.observe(tool, p, label)
         if feedback in CORRECTIONS:
             self.corrected.correct(fingerprint, label)
             self.calibrator.relabel(fingerprint, label)
@@ -90,6 +95,7 @@ class Monitor:
     def state(self) -> dict:
         return {"corrected": self.corrected.dump(), "calibrator": self.calibrator.state(),
                 "drift": self.drift.state(), "recent": [list(r) for r in self._recent],
+                "per_tool": self.per_tool.state(),
                 "adapt_left": max(0, self.adapt_until - self.window.total_scored)}
 
     def load(self, state: dict | None) -> None:
@@ -98,5 +104,6 @@ class Monitor:
         self.corrected.load(state.get("corrected", []))
         self.calibrator.load(state.get("calibrator"))
         self.drift.load(state.get("drift"))
+        self.per_tool.load(state.get("per_tool"))
         self._recent.extend(tuple(r) for r in state.get("recent", []))
         self.adapt_until = self.window.total_scored + int(state.get("adapt_left", 0))

@@ -14,11 +14,13 @@ Public API::
     store.reservoir_add(examples, rng); store.reservoir_sample(n, rng)
     store.append_metrics(step, record); store.read_metrics(limit)
     store.prune(max_age_s=..., max_count=...)
+    store.overrides_apply(puts, deletes); store.audit_write(records, links, ...)
+    read_audit(state_dir, since=..., tool=...)   # `gated audit`, read-only
 
 Module layout: `env` (environment registry, transactions, map growth, error mapping),
 `log` (signal log, dedup, escalation, retention), `replay`, `checkpoint` (checkpoint and
 published snapshots), `history` (metrics), `group` (group commit), `admin` (backup,
-inspect).
+inspect), `trust` (override memory, audit log).
 """
 
 from .admin import backup, format_inspect, inspect
@@ -27,6 +29,7 @@ from .core import Store
 from .env import DEFAULT_MAP_SIZE, DEFAULT_MAX_MAP_SIZE, close_readers
 from .errors import CheckpointMismatch, StoreError, StoreFullError
 from .group import GroupCommitter
+from .trust import read_audit
 
 __all__ = [
     "DEFAULT_MAP_SIZE",
@@ -42,4 +45,5 @@ __all__ = [
     "format_inspect",
     "inspect",
     "load_published",
+    "read_audit",
 ]

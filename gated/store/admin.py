@@ -150,6 +150,7 @@ def inspect(state_dir: str | os.PathLike[str]) -> dict[str, Any]:
                 if c.last():
                     last_metrics = unpack(c.value())
             out["metrics"] = {"records": entries("metrics"), "last": last_metrics}
+            out["trust"] = {"overrides": entries("overrides"), "audit": entries("audit")}
 
             assert h.env is not None
             info, st = h.env.info(), h.env.stat()
@@ -210,6 +211,9 @@ def format_inspect(info: dict[str, Any]) -> str:
     last = m["last"] or {}
     lines.append(f"metrics       {m['records']:,} records" +
                  (f", last step {last.get('step')}" if last else ""))
+    t = info.get("trust") or {}
+    lines.append(f"trust         {t.get('overrides', 0):,} overrides, "
+                 f"{t.get('audit', 0):,} audit records (gated audit)")
     per_db = ", ".join(f"{k} {human(v)}" for k, v in sz["per_db_bytes"].items() if v)
     lines.append(f"size          file {human(sz['file_bytes'])}, used {human(sz['used_bytes'])},"
                  f" map {human(sz['map_bytes'])}")

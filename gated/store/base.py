@@ -29,9 +29,6 @@ class StoreBase:
             raise LookupError(name)
         return db
 
-    def _has_db(self, name: str) -> bool:
-        return self._h.db(name) is not None
-
     def _meta_int(self, txn: lmdb.Transaction, key: bytes, default: int = 0) -> int:
         db = self._h.db("meta")
         raw = txn.get(key, db=db) if db is not None else None

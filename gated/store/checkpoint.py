@@ -231,13 +231,15 @@ class Checkpoints(StoreBase):
         return self._h.read(fn, buffers=True)
 
     # --- published snapshots -------------------------------------------------------------------
-    def publish(self, version: int, flat: np.ndarray, *, step: int, keep: int = 3) -> None:
+    def publish(self, version: int, flat: np.ndarray, *, step: int, keep: int = 3,
+                extra: dict[str, Any] | None = None) -> None:
         """Commit weights as published ``version`` and make it current; keep the newest
         ``keep`` versions. A version not above the current one (after --reinit) replaces
-        the history from that version on."""
+        the history from that version on. ``extra`` (msgpack-able, e.g. the calibration
+        that goes with these weights) is stored in the version's head: `published_info`."""
         arr = _flat_array("published", flat).reshape(-1)
-        head = pack({"version": int(version), "step": int(step), "dtype": arr.dtype.str,
-                     "n": int(arr.size), "saved_at": time.time()})
+        head = pack({**(extra or {}), "version": int(version), "step": int(step),
+                     "dtype": arr.dtype.str, "n": int(arr.size), "saved_at": time.time()})
         keep = max(1, keep)
 
         def fn(txn: lmdb.Transaction) -> bool:
@@ -279,8 +281,25 @@ class Checkpoints(StoreBase):
 
     def load_published(self) -> tuple[int, np.ndarray] | None:
         """The current published (version, weights), read in one transaction."""
-        got = self._h.read(lambda txn: _read_published(self._h, txn), buffers=True)
+        got = self.load_published_head()
         return None if got is None else (got[0], got[1])
+
+    def load_published_head(self) -> tuple[int, np.ndarray, dict[str, Any]] | None:
+        """The current published (version, weights, head) -- step, calibration and the
+        rest of `publish`'s ``extra`` -- all three from one read transaction."""
+        return self._h.read(lambda txn: _read_published(self._h, txn), buffers=True)
+
+    def load_published_version(self, version: int) -> np.ndarray | None:
+        """The weights of a kept published `version` (None when it is no longer kept)."""
+        def fn(txn: lmdb.Transaction) -> np.ndarray | None:
+            db = self._h.db("published")
+            head = txn.get(b"h" + u64(version), db=db) if db is not None else None
+            blob = txn.get(b"v" + u64(version), db=db) if db is not None else None
+            if head is None or blob is None:
+                return None
+            info = unpack(head)
+            return _copy_out(blob, info["dtype"], (info["n"],))
+        return self._h.read(fn, buffers=True)
 
     def published_info(self) -> dict[str, Any] | None:
         """Current published version's head plus the versions kept."""

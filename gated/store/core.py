@@ -12,10 +12,12 @@ from .errors import StoreError
 from .history import MetricsHistory
 from .log import SignalLog
 from .replay import Reservoir
+from .trust import TrustStore
 
 
-class Store(SignalLog, Reservoir, Checkpoints, MetricsHistory):
-    """Signals, dedup, escalation, replay, checkpoint, published weights, metrics history.
+class Store(SignalLog, Reservoir, Checkpoints, MetricsHistory, TrustStore):
+    """Signals, dedup, escalation, replay, checkpoint, published weights, metrics history,
+    the override memory and the audit log (trust.py).
 
     Thread-safe: any thread may call any method; every call is one short transaction
     (no long-lived readers). Write calls return only after their commit. One LMDB

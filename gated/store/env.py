@@ -14,6 +14,15 @@ readers), so a resize waits at most one commit.
 Durability: ``sync=True, metasync=True, writemap=False`` -- a commit returns only after the
 data and the meta page are on disk, and a crash can never expose a half-written page
 through the map (which is what writemap with async flushing would risk).
+
+A full filesystem: LMDB maps its lock file (lock.mdb) and writes its reader table through
+that map. Where the file's pages have no blocks behind them (a new or sparse lock file on
+a full tmpfs, or on ext4 when the state dir already exists), the first store into the map
+kills the process with SIGBUS -- no error return is possible. So the lock file's blocks are
+reserved (``posix_fallocate``) before LMDB opens it: on a full disk that fails with ENOSPC
+and the open is refused with a clear :class:`StoreFullError`, leaving nothing behind. The
+data file is written with ``pwrite`` (``writemap=False``), so a full disk there is an
+ordinary error.
 """
 
 from __future__ import annotations
@@ -21,7 +30,6 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import shutil
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -37,7 +45,7 @@ T = TypeVar("T")
 
 #: Named databases (DESIGN.md section 4).
 DB_NAMES = ("signals", "meta", "ckpt", "published", "replay", "dedup", "fingerprints",
-            "metrics")
+            "metrics", "overrides", "audit")
 MAX_DBS = 16
 FORMAT_VERSION = 1
 
@@ -106,12 +114,105 @@ class _Gate:
                 self._cond.notify_all()
 
 
-def _disk_free(path: str) -> int | None:
+#: Bytes of LMDB's lock file with py-lmdb's default max_readers (126): the reader table
+#: (125 slots of 64 bytes) plus its 192-byte header, as LMDB sizes it on creation.
+LOCK_FILE_BYTES = 8192
+
+
+def _existing(path: str) -> str:
+    """``path``, or its nearest ancestor that exists (what statvfs can ask about)."""
+    p = os.path.abspath(path)
+    while not os.path.exists(p):
+        parent = os.path.dirname(p)
+        if parent == p:
+            break
+        p = parent
+    return p
+
+
+def disk_free(path: str | os.PathLike[str]) -> int | None:
+    """Bytes an unprivileged writer may still use on the filesystem holding ``path`` (or
+    its nearest existing ancestor); None when it cannot be asked."""
     try:
-        st = os.statvfs(path)
+        st = os.statvfs(_existing(os.fspath(path)))
     except OSError:
         return None
     return st.f_bavail * st.f_frsize
+
+
+_disk_free = disk_free
+
+
+def check_free_space(path: str | os.PathLike[str], min_bytes: int, *,
+                     key: str = "daemon.disk_free_min_mib") -> int | None:
+    """Refuse (:class:`StoreFullError`) when the filesystem holding ``path`` has less than
+    ``min_bytes`` free; returns the free bytes. Nothing is opened or changed."""
+    path = os.fspath(path)
+    free = disk_free(path)
+    if free is not None and free < min_bytes:
+        raise StoreFullError(
+            f"not opening the gated state in {path}: its filesystem has {human(free)} free, "
+            f"less than the {human(min_bytes)} required ({key}). Nothing was opened or "
+            "changed, and everything stored so far is kept. Free space on that filesystem "
+            f"(or lower {key}), then start again.")
+    return free
+
+
+def reserve_lock_file(path: str) -> list[str]:
+    """Give LMDB's lock file real blocks before LMDB maps it (see the module doc).
+
+    Returns the files this call created (for the caller to remove if the open fails).
+    Raises :class:`StoreFullError` on a full disk, having removed what it created.
+    """
+    lock = os.path.join(path, "lock.mdb")
+    created = not os.path.exists(lock)
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, _FILE_MODE)
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise _full_at_open(path, e) from e
+        raise StoreError(f"cannot create {lock}: {e.strerror}; check that {path} is writable "
+                         "by this user (nothing was changed)") from e
+    try:
+        size = os.fstat(fd).st_size or LOCK_FILE_BYTES
+        os.posix_fallocate(fd, 0, size)
+    except OSError as e:
+        os.close(fd)
+        fd = -1
+        if created:
+            _remove_quietly(lock)
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise _full_at_open(path, e) from e
+        raise StoreError(f"cannot reserve LMDB's lock file {lock}: {e.strerror}; nothing "
+                         "was changed") from e
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    return [lock] if created else []
+
+
+def _full_at_open(path: str, e: BaseException) -> StoreFullError:
+    free = disk_free(path)
+    why = getattr(e, "strerror", None) or str(e)
+    return StoreFullError(
+        f"cannot open the gated state in {path}: the filesystem holding it is full "
+        f"({human(free) if free is not None else 'unknown'} free; {why}). Nothing "
+        "was changed, and everything stored so far is kept. Free space on that filesystem, "
+        "then start again.")
+
+
+def _remove_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _rmdir_quietly(path: str) -> None:
+    try:
+        os.rmdir(path)  # only if empty
+    except OSError:
+        pass
 
 
 class EnvHandle:
@@ -140,6 +241,9 @@ class EnvHandle:
             if not os.path.exists(os.path.join(self.path, "data.mdb")):
                 raise StoreError(f"no gated state in {self.path} (data.mdb missing); check "
                                  "--state-dir, or start the daemon once to create it")
+            if not os.path.exists(os.path.join(self.path, "lock.mdb")) \
+                    and os.access(self.path, os.W_OK):
+                reserve_lock_file(self.path)  # LMDB would create it, and map it
             try:
                 env = lmdb.open(self.path, readonly=True, create=False, map_size=0,
                                 subdir=True, max_dbs=MAX_DBS, lock=True)
@@ -149,17 +253,45 @@ class EnvHandle:
                                  "and write its lock.mdb") from e
             self.env, self.dbs = env, {}
             return
-        os.makedirs(self.path, mode=0o750, exist_ok=True)
+        made_dir = not os.path.isdir(self.path)
+        try:
+            os.makedirs(self.path, mode=0o750, exist_ok=True)
+        except OSError as e:
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise _full_at_open(self.path, e) from e
+            raise StoreError(f"cannot create the state dir {self.path}: {e.strerror}; check "
+                             "--state-dir and that this user may create it") from e
         data = os.path.join(self.path, "data.mdb")
         size = self.map_size
-        if os.path.exists(data):
+        fresh = not os.path.exists(data)
+        if not fresh:
             size = max(size, os.path.getsize(data))
         size = min(-(-size // 65536) * 65536, max(self.max_map_size, size))
+        try:
+            created = reserve_lock_file(self.path)
+        except StoreError:
+            if made_dir:
+                _rmdir_quietly(self.path)
+            raise
+        if fresh:
+            created.append(data)
+
+        def undo() -> None:
+            """A failed first open leaves nothing behind (an empty data.mdb, our lock)."""
+            for f in created:
+                if f != data or (os.path.exists(f) and os.path.getsize(f) == 0):
+                    _remove_quietly(f)
+            if made_dir:
+                _rmdir_quietly(self.path)
+
         try:
             env = lmdb.open(self.path, map_size=size, subdir=True, readonly=False, create=True,
                             metasync=True, sync=True, map_async=False, writemap=False,
                             max_dbs=MAX_DBS, lock=True, mode=_FILE_MODE)
         except lmdb.Error as e:
+            undo()
+            if isinstance(e, lmdb.DiskError) or "No space left" in str(e):
+                raise _full_at_open(self.path, e) from e
             if "already open" in str(e):
                 raise StoreError(f"{self.path} is already open in this process, or was open "
                                  "in the parent when this process forked: LMDB environments "
@@ -185,6 +317,8 @@ class EnvHandle:
                                      "gated or point --state-dir elsewhere")
         except lmdb.Error as e:
             env.close()
+            if isinstance(e, lmdb.DiskError) or "No space left" in str(e):
+                raise _full_at_open(self.path, e) from e
             raise StoreError(f"cannot prepare the gated state in {self.path}: {e}; "
                              "nothing was changed; free disk space if the disk is full") from e
         except BaseException:
@@ -429,14 +563,3 @@ def close_readers() -> None:
             if handle.readonly and handle.refs == 0 and handle.pid == os.getpid():
                 handle.close()
                 del _registry[key]
-
-
-def copy_env(handle: EnvHandle, dest: str) -> None:
-    """Consistent compact copy (one read transaction inside LMDB)."""
-    with handle.gate.shared():
-        assert handle.env is not None
-        handle.env.copy(dest, compact=True)
-
-
-def rm_partial(dest: str) -> None:
-    shutil.rmtree(dest, ignore_errors=True)

@@ -8,6 +8,12 @@ resolves each caller's future with its ``(seq, duplicate)`` results. A failed co
 (disk full, ...) fails every future of that round with the error: nothing of it was
 acknowledged, and a client may re-send (ids make that idempotent).
 
+The committer takes signals as `gated.signals.validate_signal` returned them: the daemon
+validates each signal once, at ingest, against the configured limits, and this layer
+does not validate again. It only checks, cheaply and before queueing, what a bad
+signal would otherwise turn into a failed commit for every caller of its round: the
+normalised shape, and an ``id`` short enough to be an LMDB key.
+
 From asyncio: ``results = await asyncio.wrap_future(committer.submit(signals))``.
 """
 
@@ -21,12 +27,33 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from ..signals import SignalError, WeightTable, validate_signal
+from ..config.limits import MAX_ID_BYTES_CEILING
+from ..signals import SIGNAL_KEYS, WeightTable
 
 log = logging.getLogger("gated.store")
 
 Results = list[tuple[int, bool]]
 _STOP = object()
+_NORMALISED_KEYS = frozenset(SIGNAL_KEYS)
+
+
+def check_normalised(signals: Sequence[Mapping[str, Any]]) -> None:
+    """Raise if a signal is not as `validate_signal` returns it, or its id cannot be a key.
+
+    Not a validation (sizes, types and values were checked at ingest): a guard of what
+    the writer and LMDB rely on, O(1) per signal. ``TypeError``/``ValueError`` here mean
+    a caller skipped `validate_signal`, which is a bug, not a client error.
+    """
+    for i, s in enumerate(signals):
+        if type(s) is not dict or s.keys() != _NORMALISED_KEYS:
+            got = sorted(map(str, s)) if isinstance(s, Mapping) else type(s).__name__
+            raise TypeError(f"signal #{i} was not normalised by validate_signal() (its keys "
+                            f"are {', '.join(SIGNAL_KEYS)}); got {got}")
+        sid = s["id"]
+        if sid is not None and len(sid.encode("utf-8")) > MAX_ID_BYTES_CEILING:
+            raise ValueError(f"signal #{i}: its id is longer than {MAX_ID_BYTES_CEILING} "
+                             "UTF-8 bytes, the largest LMDB key (limits.max_id_bytes must "
+                             "not exceed it)")
 
 
 class GroupCommitter:
@@ -34,16 +61,15 @@ class GroupCommitter:
 
     def __init__(self, store: Any, *, max_batch: int = 8192,
                  on_commit: Callable[[int, int], None] | None = None,
-                 allow_extra: Sequence[str] = (), weights: WeightTable | None = None) -> None:
+                 weights: WeightTable | None = None) -> None:
         """``on_commit(last_seq, n_signals)`` runs on the writer thread after each commit
-        (e.g. to wake the trainer); ``allow_extra`` keys are ignored by validation;
-        ``weights`` replaces the store's label/weight table (see `set_weights`)."""
+        (e.g. to wake the trainer); ``weights`` replaces the store's label/weight table
+        (see `set_weights`)."""
         self.store = store
         if weights is not None:
             store.set_weights(weights)
         self.max_batch = max(1, max_batch)
         self.on_commit = on_commit
-        self.allow_extra = tuple(allow_extra)
         self._q: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._pending = 0
         self._lock = threading.Lock()
@@ -57,15 +83,11 @@ class GroupCommitter:
         self._thread.start()
 
     def submit(self, signals: Sequence[Mapping[str, Any]]) -> Future[Results]:
-        """Queue signals; the future resolves with ``[(seq, duplicate), ...]`` in order,
-        after they committed. Invalid signals raise `SignalError` here (with ``index``),
-        before anything is queued."""
-        checked = []
-        for i, s in enumerate(signals):
-            try:
-                checked.append(validate_signal(s, allow_extra=self.allow_extra))
-            except SignalError as e:
-                raise SignalError(e.code, e.message, index=i) from None
+        """Queue signals already returned by `validate_signal`; the future resolves with
+        ``[(seq, duplicate), ...]`` in order, after they committed. A signal that was not
+        normalised raises here (see `check_normalised`), before anything is queued."""
+        check_normalised(signals)
+        checked = list(signals)
         fut: Future[Results] = Future()
         if not checked:
             fut.set_result([])

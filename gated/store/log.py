@@ -30,7 +30,7 @@ def encode_record(sig: Mapping[str, Any], label: float, weight: float, received:
                            "label": label, "weight": weight, "rt": received}
     if sig.get("history"):
         rec["history"] = list(sig["history"])
-    for key in ("feedback", "reason", "id", "ts"):
+    for key in ("feedback", "reason", "id", "ts", "prediction_id"):
         if sig.get(key) is not None:
             rec[key] = sig[key]
     return pack(rec)
@@ -42,7 +42,8 @@ def decode_record(data: bytes | memoryview) -> dict[str, Any]:
     return {"context": rec["context"], "history": rec.get("history") or [],
             "decision": rec["decision"], "feedback": rec.get("feedback"),
             "reason": rec.get("reason"), "id": rec.get("id"), "ts": rec.get("ts"),
-            "label": rec["label"], "weight": rec["weight"], "received": rec.get("rt")}
+            "prediction_id": rec.get("prediction_id"), "label": rec["label"],
+            "weight": rec["weight"], "received": rec.get("rt")}
 
 
 class SignalLog(StoreBase):

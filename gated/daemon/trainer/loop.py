@@ -1,19 +1,16 @@
-"""The online trainer: a thread that learns from the signal log and publishes snapshots.
+"""The online trainer's loop: learns from the signal log and publishes snapshots.
 
-Who writes what: the group-commit thread appends signals; THIS thread is the only writer
-of checkpoints, published snapshots, the replay reservoir and the metrics history. The
+Who writes what: the daemon's group-commit thread appends signals; the trainer (in the
+trainer process, daemon/trainer_process.py) is the only writer of checkpoints, published
+snapshots, the replay reservoir and the metrics history. The
 signal log is the trainer's queue: it reads signals after its last trained sequence
 number, so a restart re-trains exactly what came after the last checkpoint.
 
 Per step: take fresh signals, score each with the SERVING snapshot before training on it
 (progressive validation), mix in replayed examples, forward/backward/clip/AdamW on the
 trainer's own copy, roll back on NaN/Inf, swap every N steps or T seconds.
-
-On the GPU, a step that raises (a CUDA error, out of memory, a failed kernel launch) is
-rolled back like a diverged one and counted; after GPU_FAILURES_BEFORE_CPU failures in a
-row the trainer moves itself and the serving snapshot to the CPU, keeping the last good
-weights and optimiser state, and goes on training. On the CPU an exception is a bug and
-still surfaces (the thread dies, the daemon stops, systemd restarts it).
+A step that raises on the GPU is handled by gpu.py; on the CPU an exception is a bug and
+still surfaces (the trainer process exits and its supervisor restarts it).
 """
 
 from __future__ import annotations
@@ -22,29 +19,29 @@ import logging
 import random
 import threading
 import time
-from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from .config import TrainConfig
-from .engine import EWC, AdamW, Model, ModelConfig, build_batch, source_batch, train_step
-from .engine.wide import WideAdaGrad
-from .online import AlignmentWindow
-from .online.monitor import Monitor, MonitorSettings
-from .serving import Calibration, Serving
-from .signals import CORRECTIONS, context_fingerprint, training_example
-from .store import StoreError
+from ...config import TrainConfig
+from ...engine import EWC, AdamW, Model, build_batch, source_batch, train_step
+from ...engine.wide import WideAdaGrad
+from ...online import AlignmentWindow
+from ...online.monitor import Monitor, MonitorSettings
+from ...online.per_tool import tool_of
+from ...signals import CORRECTIONS, context_fingerprint, training_example
+from ...store import StoreError
+from ..serving import Calibration, Serving
+from .gpu import GpuFallback
+from .latest import LatestLabels
+from .promotion import PromotionGate
 
-__all__ = ["AlignmentWindow", "Trainer", "TrainerEvents", "build_trainer"]
+__all__ = ["AlignmentWindow", "Trainer", "TrainerEvents"]
 
 log = logging.getLogger("gated.trainer")
 
-#: Backends whose exceptions are treated as device failures (rolled back, counted, and
-#: after GPU_FAILURES_BEFORE_CPU in a row, a switch to the CPU).
-GPU_BACKENDS = frozenset({"cupy"})
-#: Consecutive GPU failures after which the trainer switches to the CPU.
-GPU_FAILURES_BEFORE_CPU = 3
+#: Published versions kept in LMDB (what `gated rollback --to` can go back to).
+KEEP_VERSIONS = 10
 
 
 class TrainerEvents:
@@ -58,6 +55,8 @@ class TrainerEvents:
     def on_checkpoint(self, ts: float) -> None: ...
     def on_gpu_fallback(self, reason: str) -> None: ...
     def on_drift(self, began_seq: int, dropped: int) -> None: ...
+    def on_promotion(self, decision: dict) -> None: ...
+    def on_operator_rollback(self, result: dict) -> None: ...
 
 
 @dataclass
@@ -82,7 +81,7 @@ class TrainerStatus:
     last_checkpoint: float = 0.0
 
 
-class Trainer(threading.Thread):
+class Trainer(GpuFallback, threading.Thread):
     """Owns the training model and optimiser; nothing else touches them."""
 
     def __init__(self, store, serving: Serving, model: Model, settings: TrainConfig, *,
@@ -95,8 +94,6 @@ class Trainer(threading.Thread):
         self.events = events or TrainerEvents()
         self.rng = random.Random(seed ^ step)
         self._install(model, opt_state, ewc_state)
-        self.gpu_failures_before_cpu = GPU_FAILURES_BEFORE_CPU
-        self._gpu_failures = 0  # consecutive
         self.monitor = Monitor(MonitorSettings(
             window=settings.alignment_window, drift_delta=settings.drift_delta,
             drift_threshold=settings.drift_threshold,
@@ -110,9 +107,16 @@ class Trainer(threading.Thread):
         self._drain_deadline = float("inf")
         self._settings_lock = threading.Lock()
         self._pending_settings: TrainConfig | None = None
+        self._pending_rollback: tuple[int, bool] | None = None
+        self.paused = False  # an operator's rollback --pause, until resume
         self.retention = None  # a config.RetentionConfig; the daemon sets and reloads it
-        # Newest label per context fingerprint, from fresh signals (bounded, in memory).
-        self._latest: OrderedDict[bytes, float] = OrderedDict()
+        self.latest = LatestLabels()  # the replay filter
+        self.promotion = PromotionGate(settings.promotion_holdout_share,
+                                       settings.promotion_holdout_size,
+                                       settings.promotion_margin,
+                                       settings.promotion_min_holdout)
+        self._refusals = 0  # promotion refusals in a row
+        self._deep_version = 0  # bumped whenever the transformer's weights change
         self._good = self._capture()
         self._last_swap_time = time.monotonic()
         self._steps_since_swap = 0
@@ -144,11 +148,6 @@ class Trainer(threading.Thread):
             model.ewc.anchor[...] = xp.asarray(ewc_state["anchor"])
             model.ewc.consolidated = bool(np.asarray(ewc_state["consolidated"])[0])
 
-    @property
-    def on_gpu(self) -> bool:
-        """True while the training model runs on a GPU backend."""
-        return getattr(self.model.ops, "name", "numpy") in GPU_BACKENDS
-
     # --- control from other threads --------------------------------------------------------
     def wake(self) -> None:
         """Called after a commit: new signals are in the log."""
@@ -168,6 +167,43 @@ class Trainer(threading.Thread):
             self._pending_settings = settings
         self._wake.set()
 
+    def request_rollback(self, version: int, pause: bool) -> None:
+        """An operator's `gated rollback`: applied by the training loop at its next
+        iteration (`_apply_rollback`)."""
+        with self._settings_lock:
+            self._pending_rollback = (version, pause)
+        self._wake.set()
+
+    def resume(self) -> None:
+        """Train again after `rollback --pause`."""
+        if self.paused:
+            log.warning("training resumed by the operator")
+        self.paused = False
+        self._wake.set()
+
+    def _apply_rollback(self, version: int, pause: bool) -> None:
+        """Train on from the weights of kept published `version`, and publish them as the
+        next version (one LMDB transaction: serving never sees a mix). AdamW's first
+        moments restart (they belong to the abandoned trajectory); its second moments and
+        the wide path's AdaGrad sums are kept."""
+        flat = self.store.load_published_version(version)
+        if flat is None or flat.size != self.model.num_params:
+            log.error("rollback to version %d refused: it is not among the kept published "
+                      "versions (gated inspect lists them)", version)
+            self.events.on_operator_rollback({"to": version, "ok": False})
+            return
+        xp = self.model.ops.xp
+        self.model.flat[...] = xp.asarray(flat)
+        self.opt.m[...] = 0
+        self._deep_version += 1
+        self.paused = pause
+        self.publish_now()
+        log.warning("rolled back by the operator to version %d, published as version %d; "
+                    "training %s", version, self.status.version,
+                    "paused until `gated resume`" if pause else "continues from it")
+        self.events.on_operator_rollback({"to": version, "ok": True,
+                                          "version": self.status.version, "paused": pause})
+
     def apply_settings(self, s: TrainConfig) -> None:
         self.settings = s
         self.model.lambda_bce, self.model.lambda_ce = s.lambda_bce, s.lambda_ce
@@ -175,6 +211,8 @@ class Trainer(threading.Thread):
         self.opt.lr = s.lr
         if self.wide is not None:
             self.wide.lr, self.wide.l2 = s.wide_lr, s.wide_l2
+        if hasattr(self, "promotion"):
+            self.promotion.margin = s.promotion_margin
         self.opt.weight_decay, self.opt.clip_norm = s.weight_decay, s.clip_norm
         self.opt.schedule.warmup_steps, self.opt.schedule.cosine_steps = (s.warmup_steps,
                                                                           s.cosine_steps)
@@ -217,11 +255,20 @@ class Trainer(threading.Thread):
         while True:
             with self._settings_lock:
                 pending, self._pending_settings = self._pending_settings, None
+                rollback, self._pending_rollback = self._pending_rollback, None
             if pending is not None:
                 self.apply_settings(pending)
+            if rollback is not None:
+                self._apply_rollback(*rollback)
             s = self.settings
             if self._stop_event.is_set() and time.monotonic() >= self._drain_deadline:
                 return
+            if self.paused:
+                if self._stop_event.is_set():
+                    return
+                self._wake.wait(timeout=1.0)
+                self._wake.clear()
+                continue
             fresh = self.store.read_signals(self.status.last_trained_seq, s.fresh_per_step)
             if fresh:
                 self.train_on(fresh)
@@ -250,25 +297,35 @@ class Trainer(threading.Thread):
         fresh_examples = [{**training_example(sig), "seq": seq,
                            "fp": context_fingerprint(sig["context"], sig.get("history"))}
                           for seq, sig in fresh]
+        for ex in fresh_examples:
+            ex["held"] = self.promotion.holds(ex)
+            if ex["feedback"] in CORRECTIONS:
+                self.promotion.relabel(ex["fp"], ex["label"])
         chosen = self._score(fresh_examples) if fresh_examples else []
-        self._note_latest(fresh_examples)
+        self.promotion.add([ex for ex in fresh_examples if ex["held"]])
+        self.latest.note(fresh_examples)
         # The wide path has just learned from every fresh signal: publish that before the
         # transformer's step (seconds on a CPU), so predictions do not wait for it.
         self._maybe_swap(force=False)
         info = None
-        if chosen or not fresh_examples:
+        # Stopping (SIGTERM): no transformer step, which on a CPU would outlast the stop
+        # deadline; the wide path has learned these signals and they go into the
+        # reservoir, like the ones selective backprop skips.
+        stopping = self._stop_event.is_set()
+        if (chosen or not fresh_examples) and not stopping:
             # Caught up, a batch is replay_fraction replayed examples; behind, fresh signals
             # take the replay slots first, so the trainer catches up instead of lagging more.
             share = s.drift_replay_fraction if self.monitor.adapting else s.replay_fraction
             n_replay = (min(round(s.batch_size * share), s.batch_size - len(chosen))
                         if fresh_examples else s.batch_size)
             replay = self.store.reservoir_sample(n_replay, self.rng) if n_replay > 0 else []
-            examples = chosen + self._current(replay)
+            examples = chosen + self.latest.current(replay)
             if examples:
                 info = self._step(examples)
         if fresh:
             self.status.last_trained_seq = fresh[-1][0]
-            self.store.reservoir_add(fresh_examples, self.rng)
+            self.store.reservoir_add([ex for ex in fresh_examples if not ex["held"]],
+                                     self.rng)
         if info is not None or fresh:
             self._maybe_swap(force=False)  # the wide path may have learned without a step
         if info is not None:
@@ -297,10 +354,12 @@ class Trainer(threading.Thread):
         for zi, pi, ex in zip(z, p, fresh, strict=True):
             self.last_scores.append((ex["seq"], float(pi), float(zi)))
             began = self.monitor.observe(ex["seq"], ex["fp"], ex["feedback"], ex["label"],
-                                         float(zi), float(pi))
+                                         float(zi), float(pi), tool_of(ex["context"]))
             if began is not None:
                 self._on_drift(began)
             p_label = float(pi) if ex["label"] >= 0.5 else 1.0 - float(pi)
+            if ex.get("held"):
+                continue  # held back for the promotion gate: scored, never trained on
             if ex["feedback"] in CORRECTIONS:
                 hard.append((-1.0, ex))
             elif p_label < s.selective_confidence or self.rng.random() < s.selective_keep:
@@ -325,6 +384,8 @@ class Trainer(threading.Thread):
         if self.wide is None:
             return
         for i, ex in enumerate(fresh):
+            if ex.get("held"):
+                continue
             self.wide.learn(sources["wide_idx"][i], sources["wide_val"][i], float(z_deep[i]),
                             ex["label"], ex["weight"])
         self._wide_dirty = True
@@ -333,6 +394,7 @@ class Trainer(threading.Thread):
         """A policy change: stop replaying what the old policy labelled, relax EWC and
         replay for `drift_adapt_signals` signals, tell the operator."""
         dropped = self.store.reservoir_forget_before(began_seq)
+        self.promotion.forget()
         if self.wide is not None:
             self.wide.relax(self.settings.drift_wide_relax)
         log.warning("drift: the serving model's error rate rose (Page-Hinkley); the change "
@@ -341,33 +403,6 @@ class Trainer(threading.Thread):
                     "signals", began_seq, dropped, 100 * self.settings.drift_replay_fraction,
                     self.settings.drift_adapt_signals)
         self.events.on_drift(began_seq, dropped)
-
-    LATEST_CAP = 200_000
-
-    def _note_latest(self, fresh: list[dict]) -> None:
-        for ex in fresh:
-            fp = context_fingerprint(ex["context"])
-            self._latest[fp] = ex["label"]
-            self._latest.move_to_end(fp)
-        while len(self._latest) > self.LATEST_CAP:
-            self._latest.popitem(last=False)
-
-    def _current(self, replay: list[dict]) -> list[dict]:
-        """Drop replayed examples that a newer signal for the same call contradicts.
-
-        When the gate's policy changes, the reservoir still holds the old label of every
-        call it has seen; replaying those against the fresh ones pins the model halfway
-        between the two policies. The newest label of an identical call (same context
-        fingerprint) is the policy now, so an unlocked example that disagrees with it is
-        not replayed. Locked examples (a person's false-positive/negative correction) are
-        always replayed.
-        """
-        out = []
-        for ex in replay:
-            newest = self._latest.get(context_fingerprint(ex["context"]))
-            if ex.get("locked") or newest is None or newest == ex["label"]:
-                out.append(ex)
-        return out
 
     def converged(self) -> bool:
         return self.window.converged(self.settings.converged_threshold)
@@ -395,6 +430,7 @@ class Trainer(threading.Thread):
             self._rollback("non-finite loss, gradient or weights")
             return info
         self.status.step += 1
+        self._deep_version += 1
         self._steps_since_swap += 1
         self.status.last_loss = {k: info[k] for k in ("loss", "bce", "ce", "grad_norm", "lr")}
         self.events.on_step(info, time.perf_counter() - t0)
@@ -420,6 +456,7 @@ class Trainer(threading.Thread):
         self.opt.m[...] = xp.asarray(g.m)
         self.opt.v[...] = xp.asarray(g.v)
         self.opt.t = g.t
+        self._deep_version += 1
         self._wide_dirty = False  # the wide path is back at its published weights too
         self._count_rollback(why)
 
@@ -430,7 +467,33 @@ class Trainer(threading.Thread):
                     self.status.version)
         self.events.on_rollback(why)
 
-    def _maybe_swap(self, force: bool) -> bool:
+    def publish_now(self) -> bool:
+        """Publish the training weights now, changed or not (a fresh start or --reinit:
+        the stored published version must be what this trainer scores with). Not judged
+        by the promotion gate: they are what serves already."""
+        self._wide_dirty = True
+        return self._maybe_swap(force=True, judge=False)
+
+    def _promoted(self) -> bool:
+        """The promotion gate's verdict on the training weights (promotion.py); a refusal
+        is logged and counted, and after `promotion_max_refusals` in a row training
+        restarts from the serving weights."""
+        d = self.promotion.judge(self.model, self._deep_version, self.serving)
+        self.events.on_promotion(d.as_dict())
+        if d.published:
+            self._refusals = 0
+            return True
+        self._refusals += 1
+        log.warning("promotion gate: candidate NOT published (%s); serving keeps version %d "
+                    "(refusal %d in a row)", d.reason, self.status.version, self._refusals)
+        self._last_swap_time = time.monotonic()  # judge again after the next interval
+        if self._refusals >= self.settings.promotion_max_refusals:
+            self._refusals = 0
+            self._rollback(f"promotion gate refused {self.settings.promotion_max_refusals} "
+                           "candidates in a row")
+        return False
+
+    def _maybe_swap(self, force: bool, judge: bool = True) -> bool:
         if self._steps_since_swap == 0 and not self._wide_dirty:
             return False
         s = self.settings
@@ -441,10 +504,14 @@ class Trainer(threading.Thread):
         if not self.model.ops.all_finite(self.model.flat):
             self._rollback("non-finite weights at swap")
             return False
+        if judge and not self._promoted():
+            return False
         version = self.status.version + 1
         self.serving.swap(self.model.flat, version, self.status.step)
         host = self._host_copy(self.model.flat)
-        self.store.publish(version, host, step=self.status.step)
+        cal = self.serving.calibration
+        self.store.publish(version, host, step=self.status.step, keep=KEEP_VERSIONS,
+                           extra={"calibration": [float(cal.a), float(cal.b)]})
         self.status.version = version
         self.status.swaps += 1
         self._good = self._capture(flat=host)
@@ -455,70 +522,6 @@ class Trainer(threading.Thread):
         self._last_swap_time = time.monotonic()
         self.events.on_swap(version)
         return True
-
-    # --- GPU failures ------------------------------------------------------------------------
-    def _gpu_error(self, e: Exception, where: str) -> bool:
-        """Handle an exception raised while training on the GPU: roll back, count, and
-        after `gpu_failures_before_cpu` in a row switch to the CPU. Returns False (the
-        caller re-raises) on the CPU and for store errors, which are not the GPU's."""
-        if not self.on_gpu or isinstance(e, StoreError):
-            return False
-        self._gpu_failures += 1
-        reason = f"{type(e).__name__}: {e}"
-        log.warning("GPU error during %s (%d in a row; the CPU takes over at %d): %s", where,
-                    self._gpu_failures, self.gpu_failures_before_cpu, reason, exc_info=e)
-        if self._gpu_failures >= self.gpu_failures_before_cpu:
-            self._switch_to_cpu(reason)
-            return True
-        try:
-            self._rollback(f"GPU error: {reason}")
-        except Exception as e2:  # noqa: BLE001 - the device cannot even copy memory back
-            log.warning("restoring the last good state on the GPU failed too (%s: %s); not "
-                        "retrying on it", type(e2).__name__, e2)
-            self._switch_to_cpu(f"{reason}; restoring on the GPU then failed with "
-                                f"{type(e2).__name__}: {e2}")
-        return True
-
-    def _switch_to_cpu(self, reason: str) -> None:
-        """Rebuild the model, AdamW and EWC on NumPy from the last good (host) state, move
-        the serving snapshot to the CPU, tell the operator, and go on training."""
-        old, g = self.model, self._good
-        n = self._gpu_failures
-        ewc_state = None
-        if old.ewc is not None and old.ewc.consolidated:
-            try:
-                ewc_state = {k: old.ops.to_numpy(a) for k, a in old.ewc.state().items()}
-            except Exception as e:  # noqa: BLE001 - the GPU may no longer answer
-                log.warning("the EWC state could not be read back from the GPU (%s); EWC "
-                            "starts over on the CPU", e)
-        model = Model.from_flat(old.cfg, g.flat, backend="numpy", dtype=str(old.dtype))
-        self._install(model, {"m": g.m, "v": g.v, "t": g.t}, ewc_state)
-        self.apply_settings(self.settings)
-        self._move_serving_to_cpu()
-        # self._good stays: the new model and AdamW hold copies of it, not views.
-        self._steps_since_swap = 0  # the weights are the last published ones again
-        self._gpu_failures = 0
-        self._count_rollback(f"GPU error: {reason}")
-        log.error("GPU training failed %d %s in a row (last error: %s); switched to the "
-                  "CPU; weights and optimizer state kept; check the GPU (nvidia-smi) and "
-                  "restart to use it again", n, "time" if n == 1 else "times", reason)
-        self.events.on_gpu_fallback(reason)
-
-    def _move_serving_to_cpu(self) -> None:
-        try:
-            self.serving.move_to("numpy")
-            return
-        except Exception as e:  # noqa: BLE001 - the GPU may no longer answer
-            log.warning("reading the serving weights back from the GPU failed (%s: %s); "
-                        "serving the last published weights", type(e).__name__, e)
-        flat = self._good.flat
-        try:
-            published = self.store.load_published()
-            if published is not None and published[0] == self.serving.current.version:
-                flat = published[1]
-        except Exception as e:  # noqa: BLE001 - fall back to the trainer's good state
-            log.warning("reading the published weights from the store failed (%s)", e)
-        self.serving.move_to("numpy", flat=flat)
 
     def checkpoint(self) -> None:
         to_np = self.model.ops.to_numpy
@@ -554,37 +557,3 @@ class Trainer(threading.Thread):
         except Exception:
             log.exception("final checkpoint failed; the previous checkpoint is kept and the "
                           "signals after it will be re-trained on restart")
-
-
-def build_trainer(store, model_cfg: ModelConfig, settings: TrainConfig, *, seed: int = 0,
-                  backend: str = "numpy", serving_bands=None, events=None,
-                  reinit: bool = False) -> tuple[Trainer, Serving]:
-    """Resume from the last checkpoint (or start fresh) and build the serving snapshot."""
-    ckpt = None if reinit else store.load_checkpoint(layout=Model.init(
-        model_cfg, seed=seed).layout, config_fingerprint=model_cfg.fingerprint())
-    if ckpt is None:
-        model = Model.init(model_cfg, seed=seed, backend=backend)
-        step, version, last_seq, opt_state, ewc_state, window = 0, 0, 0, None, None, []
-        monitor = None
-    else:
-        model = Model.from_flat(model_cfg, ckpt.flat, backend=backend)
-        extra = ckpt.extra or {}
-        step, last_seq = ckpt.step, ckpt.last_trained_seq
-        version = int(extra.get("version", 0))
-        opt_state = {"m": ckpt.m, "v": ckpt.v, "t": int(extra.get("opt_t", ckpt.step))}
-        ewc_state = ckpt.ewc
-        window = extra.get("window") or []
-        monitor = extra.get("monitor")
-    published = store.load_published() if not reinit else None
-    if published is not None and published[0] >= version:
-        version, serve_flat = published[0], published[1]
-    else:
-        serve_flat = model.ops.to_numpy(model.flat)
-    serving = Serving(model_cfg, serve_flat, version, step, backend=backend, bands=serving_bands)
-    trainer = Trainer(store, serving, model, settings, step=step, version=version,
-                      last_trained_seq=last_seq, opt_state=opt_state, ewc_state=ewc_state,
-                      events=events, seed=seed)
-    trainer.window.load(window)
-    trainer.monitor.load(monitor)
-    serving.calibration = Calibration(*trainer.monitor.calibrator.params)
-    return trainer, serving

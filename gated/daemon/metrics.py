@@ -15,13 +15,15 @@ import logging
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client import start_http_server as _prom_start_http_server
 from prometheus_client.process_collector import ProcessCollector
 
-from . import __version__
-from .protocol import ERROR_CODES
+from .. import __version__
+from ..config import parse_hostport
+from ..protocol import ERROR_CODES, OPS
 
 log = logging.getLogger("gated.metrics")
 
@@ -35,6 +37,10 @@ REJECT_REASONS = (*ERROR_CODES, "other")
 PREDICT_OPS = ("predict", "explain")
 RELOAD_RESULTS = ("ok", "failed")
 DEVICE_MEMORY_KINDS = ("total", "free", "estimate", "reserved")
+#: Why the daemon closed a connection itself (bounds across connections).
+DROP_REASONS = ("max_connections", "buffered_bytes", "read_timeout")
+#: Ops an [access] list can refuse (ping is open to all).
+GUARDED_OPS = tuple(op for op in OPS if op != "ping")
 
 #: Every series a scrape exposes, with its type: sample names as in the text format
 #: (counters end in ``_total``, infos in ``_info``; a histogram's name is the stem of its
@@ -74,7 +80,47 @@ SERIES: dict[str, str] = {
     "gated_device_memory_bytes": "gauge",
     "gated_config_reloads_total": "counter",
     "gated_build_info": "info",
+    "gated_trainer_restarts_total": "counter",
+    "gated_trainer_up": "gauge",
+    "gated_predict_cache_lookups_total": "counter",
+    "gated_predict_cache_entries": "gauge",
+    "gated_predict_batch_size": "histogram",
+    "gated_promotions_total": "counter",
+    "gated_operator_rollbacks_total": "counter",
+    "gated_tool_alignment": "gauge",
+    "gated_tool_signals": "gauge",
+    "gated_tool_confusion": "gauge",
+    "gated_tool_calibration_ece": "gauge",
+    "gated_promotion_holdout_alignment": "gauge",
+    "gated_disk_free_bytes": "gauge",
+    "gated_disk_low": "gauge",
+    "gated_rule_hits_total": "counter",
+    "gated_override_hits_total": "counter",
+    "gated_override_entries": "gauge",
+    "gated_override_expired_total": "counter",
+    "gated_audit_records_total": "counter",
+    "gated_audit_dropped_total": "counter",
+    "gated_served_alignment": "gauge",
+    "gated_served_alignment_window_signals": "gauge",
+    "gated_served_outcomes_total": "counter",
+    "gated_served_unlinked_total": "counter",
+    "gated_connections": "gauge",
+    "gated_buffered_bytes": "gauge",
+    "gated_connections_dropped_total": "counter",
+    "gated_requests_forbidden_total": "counter",
 }
+
+#: Trust (gated/daemon/trust.py): bounded label values.
+RULE_ACTIONS = ("allow", "deny")
+OVERRIDE_EXPIRY = ("ttl", "agreed", "evicted")
+SERVED_SOURCES = ("rule", "override", "model")
+SERVED_BANDS = ("allow", "ask", "block")
+SERVED_RESULTS = ("agree", "disagree")
+
+
+#: The per-tool series of a group with no signals (the "other" group before any).
+_NO_TOOL_STATS = {"signals": 0, "alignment": 0.0, "ece": 0.0,
+                  "confusion": {cell: 0 for cell in CONFUSION_CELLS}}
 
 
 class Metrics:
@@ -181,6 +227,70 @@ class Metrics:
         self.config_reloads = Counter("gated_config_reloads", "Config reloads (file change "
                                       "or SIGHUP), by result", ["result"], registry=r)
         self.build = Info("gated_build", "gated version", registry=r)
+        self.trainer_restarts = Counter("gated_trainer_restarts", "Times the trainer "
+                                        "process died unasked and was restarted (serving "
+                                        "kept the last published weights meanwhile)",
+                                        registry=r)
+        self.trainer_up = Gauge("gated_trainer_up", "1 while the trainer process runs",
+                                registry=r)
+        self.cache_lookups = Counter("gated_predict_cache_lookups", "Prediction cache "
+                                     "lookups, by result (hit rate = hit / all)",
+                                     ["result"], registry=r)
+        self.cache_entries = Gauge("gated_predict_cache_entries", "Predictions cached for "
+                                   "the serving weights version", registry=r)
+        self.predict_batch = Histogram("gated_predict_batch_size", "Predictions answered "
+                                       "by one forward pass (micro-batching)",
+                                       buckets=(1, 2, 4, 8, 16, 32, 64, 128), registry=r)
+        for result in ("hit", "miss"):
+            self.cache_lookups.labels(result=result)
+        self.promotions = Counter("gated_promotions", "Candidates judged by the promotion "
+                                  "gate, by result (published / refused)", ["result"],
+                                  registry=r)
+        self.promotion_alignment = Gauge("gated_promotion_holdout_alignment", "Alignment "
+                                         "on the held-back signals at the last judgement, "
+                                         "of the candidate and of the serving model",
+                                         ["model"], registry=r)
+        self.tool_alignment = Gauge("gated_tool_alignment", "Progressive alignment per "
+                                    "tool (the call's first word; top tools by volume, the "
+                                    "rest as \"other\")", ["tool"], registry=r)
+        self.tool_signals = Gauge("gated_tool_signals", "Signals in each tool's window",
+                                  ["tool"], registry=r)
+        self.tool_confusion = Gauge("gated_tool_confusion", "Confusion counts per tool over "
+                                    "its window (block is positive)", ["tool", "cell"],
+                                    registry=r)
+        self.tool_ece = Gauge("gated_tool_calibration_ece", "Expected calibration error per "
+                              "tool over its window", ["tool"], registry=r)
+        self._tools: set[str] = set()
+        self.set_per_tool({})  # "other" at zero until the trainer reports
+        self.operator_rollbacks = Counter("gated_operator_rollbacks", "Operator rollbacks "
+                                          "(gated rollback --to), by result (done / "
+                                          "refused)", ["result"], registry=r)
+        for result in ("done", "refused"):
+            self.operator_rollbacks.labels(result=result)
+        for result in ("published", "refused"):
+            self.promotions.labels(result=result)
+        for model in ("candidate", "serving"):
+            self.promotion_alignment.labels(model=model)
+        self.disk_free = Gauge("gated_disk_free_bytes", "Bytes free (for an unprivileged "
+                               "writer) on the filesystem holding the state dir, checked "
+                               "every 2 s", registry=r)
+        self.connections = Gauge("gated_connections", "Client connections open",
+                                 registry=r)
+        self.buffered_bytes = Gauge("gated_buffered_bytes", "Bytes received from clients "
+                                    "and not yet answered, all connections together (at "
+                                    "most limits.max_buffered_bytes)", registry=r)
+        self.connections_dropped = Counter("gated_connections_dropped", "Connections the "
+                                           "daemon closed to stay within its bounds, by "
+                                           "reason", ["reason"], registry=r)
+        self.forbidden = Counter("gated_requests_forbidden", "Requests refused by the "
+                                 "[access] lists (SO_PEERCRED), by op", ["op"], registry=r)
+        for reason in DROP_REASONS:
+            self.connections_dropped.labels(reason=reason)
+        for op in GUARDED_OPS:
+            self.forbidden.labels(op=op)
+        self.disk_low = Gauge("gated_disk_low", "1 while the state dir's filesystem has less "
+                              "than daemon.disk_free_warn_mib free", registry=r)
+        self._init_trust(r)
 
         for cell in CONFUSION_CELLS:
             self.confusion.labels(cell=cell).set(0)
@@ -194,6 +304,59 @@ class Metrics:
             self.device_memory.labels(kind=kind).set(0)
         self.backend.info({"backend": "unknown", "device": "unknown", "reason": "starting"})
         self.build.info({"version": __version__})
+
+    def _init_trust(self, r: CollectorRegistry) -> None:
+        """Operator rules, the override memory, the audit log, served alignment."""
+        self.rule_hits = Counter("gated_rule_hits", "Predictions answered by an operator "
+                                 "rule ([rules]), by action", ["action"], registry=r)
+        self.override_hits = Counter("gated_override_hits", "Predictions answered by the "
+                                     "override memory (a person's correction of that exact "
+                                     "call)", registry=r)
+        self.override_entries = Gauge("gated_override_entries", "Corrections in the "
+                                      "override memory", registry=r)
+        self.override_expiries = Counter("gated_override_expired", "Overrides removed, by "
+                                         "reason: ttl, agreed (the model agrees by the "
+                                         "margin), evicted (memory full)", ["reason"],
+                                         registry=r)
+        self.audit_records = Counter("gated_audit_records", "Audit records of served "
+                                     "predictions written", registry=r)
+        self.audit_dropped = Counter("gated_audit_dropped", "Audit records dropped (queue "
+                                     "full, or the write failed: full disk); predictions "
+                                     "are not affected", registry=r)
+        self.served_alignment = Gauge("gated_served_alignment", "Fraction of the last "
+                                      "audit.alignment_window signals referencing a "
+                                      "prediction_id whose label the served answer "
+                                      "(p_allow >= 0.5) agreed with", registry=r)
+        self.served_window = Gauge("gated_served_alignment_window_signals", "Linked "
+                                   "signals in the served-alignment window", registry=r)
+        self.served_outcomes = Counter("gated_served_outcomes", "Signals linked to a served "
+                                       "prediction, by the prediction's source and band and "
+                                       "whether it agreed with the signal's label",
+                                       ["source", "band", "result"], registry=r)
+        self.served_unlinked = Counter("gated_served_unlinked", "Signals whose prediction_id "
+                                       "is not in the audit log (unknown, pruned or "
+                                       "dropped)", registry=r)
+        for action in RULE_ACTIONS:
+            self.rule_hits.labels(action=action)
+        for reason in OVERRIDE_EXPIRY:
+            self.override_expiries.labels(reason=reason)
+        for source in SERVED_SOURCES:
+            for band in SERVED_BANDS:
+                for result in SERVED_RESULTS:
+                    self.served_outcomes.labels(source=source, band=band, result=result)
+
+    def override_expired(self, reason: str, n: int = 1) -> None:
+        self.override_expiries.labels(
+            reason=reason if reason in OVERRIDE_EXPIRY else "evicted").inc(n)
+
+    def served_outcome(self, source: str, band: str, agree: bool, alignment: float,
+                       window: int) -> None:
+        self.served_outcomes.labels(
+            source=source if source in SERVED_SOURCES else "model",
+            band=band if band in SERVED_BANDS else "ask",
+            result="agree" if agree else "disagree").inc()
+        self.served_alignment.set(alignment)
+        self.served_window.set(window)
 
     # --- trainer ------------------------------------------------------------------------
     def observe_step(self, info: Mapping[str, float], seconds: float) -> None:
@@ -239,6 +402,34 @@ class Metrics:
         self.swaps.inc()
         self.weights_version.set(version)
 
+    def promotion(self, decision: Mapping[str, Any]) -> None:
+        """A promotion-gate judgement (trainer/promotion.py). Unjudged passes (too few
+        held-back signals) are not counted."""
+        if decision["candidate"] != decision["candidate"]:  # NaN: not judged
+            return
+        self.promotions.labels(result="published" if decision["published"]
+                               else "refused").inc()
+        self.promotion_alignment.labels(model="candidate").set(decision["candidate"])
+        self.promotion_alignment.labels(model="serving").set(decision["serving"])
+
+    def set_per_tool(self, stats: Mapping[str, Mapping[str, Any]]) -> None:
+        """The per-tool view (online/per_tool.py); tools that left the top are removed,
+        so the label set stays bounded."""
+        for gone in self._tools - set(stats) - {"other"}:
+            for g in (self.tool_alignment, self.tool_signals, self.tool_ece):
+                g.remove(gone)
+            for cell in CONFUSION_CELLS:
+                self.tool_confusion.remove(gone, cell)
+        if "other" not in stats:  # always present (pre-created at zero), so never removed
+            stats = {**stats, "other": _NO_TOOL_STATS}
+        for tool, s in stats.items():
+            self.tool_alignment.labels(tool=tool).set(s["alignment"])
+            self.tool_signals.labels(tool=tool).set(s["signals"])
+            self.tool_ece.labels(tool=tool).set(s["ece"])
+            for cell in CONFUSION_CELLS:
+                self.tool_confusion.labels(tool=tool, cell=cell).set(s["confusion"][cell])
+        self._tools = set(stats)
+
     def rolled_back(self) -> None:
         self.rollbacks.inc()
 
@@ -253,6 +444,14 @@ class Metrics:
     def rejected(self, code: str, n: int = 1) -> None:
         """A refused signal or request; unknown codes count as ``other`` (bounded labels)."""
         self.signals_rejected.labels(reason=code if code in REJECT_REASONS else "other").inc(n)
+
+    def dropped(self, reason: str) -> None:
+        self.connections_dropped.labels(reason=reason if reason in DROP_REASONS
+                                        else DROP_REASONS[0]).inc()
+
+    def refused(self, op: str) -> None:
+        if op in GUARDED_OPS:
+            self.forbidden.labels(op=op).inc()
 
     def observe_predict(self, seconds: float, op: str = "predict") -> None:
         self.predict_seconds.labels(op=op if op in PREDICT_OPS else "predict").observe(seconds)
@@ -280,26 +479,6 @@ class Metrics:
     def serve(self, addr: str) -> MetricsServer:
         """Start the HTTP endpoint for this registry on ``addr`` ("HOST:PORT")."""
         return start_http_server(addr, self.registry)
-
-
-def parse_hostport(addr: str) -> tuple[str, int]:
-    """"127.0.0.1:9464" -> ("127.0.0.1", 9464); "[::1]:9464" -> ("::1", 9464).
-
-    Port 0 asks the kernel for a free port (tests). Raises ValueError with what is wrong.
-    """
-    if not isinstance(addr, str) or ":" not in addr:
-        raise ValueError(f"{addr!r} is not HOST:PORT (e.g. 127.0.0.1:9464 or [::1]:9464)")
-    host, _, port_s = addr.rpartition(":")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    elif ":" in host:
-        raise ValueError(f"{addr!r}: write an IPv6 host in brackets, e.g. [::1]:9464")
-    if not host:
-        raise ValueError(f"{addr!r} has no host (use 0.0.0.0 to listen on every IPv4 "
-                         "address)")
-    if not port_s.isdigit() or not 0 <= int(port_s) <= 65535:
-        raise ValueError(f"{addr!r}: port must be a number in 0..65535")
-    return host, int(port_s)
 
 
 @dataclass

@@ -1,0 +1,283 @@
+"""The serving side: an immutable (version, weights) snapshot swapped by one reference,
+an exact prediction cache, and a micro-batcher.
+
+Training never writes into a snapshot's weights: a swap builds a NEW snapshot from a copy
+of the trained buffer (in the daemon: the version the trainer process published in LMDB)
+and rebinds `Serving.current`. A prediction reads `current` once, so it sees the old or
+the new weights, never a mix, and it never takes a lock the trainer holds.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..engine import Model, ModelConfig, source_batch
+from ..engine.infer import InferencePlan
+
+
+@dataclass(frozen=True)
+class Bands:
+    """Confidence bands: allow (p >= allow), block (p <= block), ask in between."""
+
+    allow: float = 0.9
+    block: float = 0.1
+
+    def of(self, p_allow: float) -> str:
+        if p_allow >= self.allow:
+            return "allow"
+        if p_allow <= self.block:
+            return "block"
+        return "ask"
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """p_allow = sigmoid(a z + b) over the gate logit z: Platt scaling, fitted by the
+    trainer on the progressive-validation stream (gated.online.calibration) and swapped
+    in by one reference assignment, like the weights."""
+
+    a: float = 1.0
+    b: float = 0.0
+
+    def __call__(self, z: np.ndarray) -> np.ndarray:
+        return 0.5 * (1.0 + np.tanh(0.5 * (self.a * np.asarray(z, np.float64) + self.b)))
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    version: int
+    step: int
+    model: Model  # owns a private copy of the weights; never mutated after publication
+    #: the same weights arranged for the CPU forward (engine/infer.py); None on a GPU
+    plan: InferencePlan | None = None
+
+    @classmethod
+    def of(cls, cfg: ModelConfig, flat, version: int, step: int, backend: str) -> Snapshot:
+        model = Model.from_flat(cfg, flat, backend=backend)
+        return cls(version, step, model, InferencePlan(model) if backend == "numpy" else None)
+
+    def logits(self, sources: dict, chunk: int = 16) -> np.ndarray:
+        """Gate logits (float64, host) of a `source_batch`, in length-sorted chunks."""
+        return (self.model if self.plan is None else self.plan).predict_z(sources, chunk)
+
+
+log = logging.getLogger("gated.serving")
+
+
+class PredictionCache:
+    """Exact predictions, keyed by (weights version, context, history): agents repeat tool
+    calls. Bounded LRU; `clear` on a swap frees what the old version cached (its keys could
+    never hit again anyway)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.hits = self.misses = 0
+        self._d: OrderedDict[tuple, float] = OrderedDict()
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def key(version: int, context: str, history: Sequence[str] | None) -> tuple:
+        return (version, context, tuple(history or ()))
+
+    def get(self, key: tuple) -> float | None:
+        if self.size <= 0:
+            return None
+        with self._lock:
+            p = self._d.get(key)
+            if p is None:
+                self.misses += 1
+                return None
+            self._d.move_to_end(key)
+            self.hits += 1
+            return p
+
+    def peek(self, key: tuple) -> float | None:
+        """Like `get`, without counting a lookup or refreshing the entry."""
+        if self.size <= 0:
+            return None
+        with self._lock:
+            return self._d.get(key)
+
+    def put(self, key: tuple, p_allow: float) -> None:
+        if self.size <= 0:
+            return
+        with self._lock:
+            self._d[key] = p_allow
+            self._d.move_to_end(key)
+            while len(self._d) > self.size:
+                self._d.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._d.clear()
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+
+class Serving:
+    """Holds the current snapshot and answers predict / explain from it."""
+
+    def __init__(self, cfg: ModelConfig, flat: np.ndarray, version: int, step: int,
+                 backend: str = "numpy", bands: Bands | None = None,
+                 cache_size: int = 0) -> None:
+        self.cfg, self.backend = cfg, backend
+        self.bands = bands or Bands()
+        self.calibration = Calibration()
+        self.cache = PredictionCache(cache_size)
+        self.current = Snapshot.of(cfg, flat, version, step, backend)
+
+    def swap(self, flat, version: int, step: int,
+             calibration: Calibration | None = None) -> Snapshot:
+        """Publish a copy of `flat` as the new snapshot: one reference assignment (the
+        calibration that goes with it first, so no prediction pairs new weights with an
+        old map for long)."""
+        snap = Snapshot.of(self.cfg, flat, version, step, self.backend)
+        if calibration is not None:
+            self.calibration = calibration
+        self.current = snap
+        self.cache.clear()
+        return snap
+
+    def load_published(self, store) -> Snapshot | None:
+        """Swap in the version the trainer published in `store`, if it is newer than the
+        one serving (one read transaction: weights and head are consistent)."""
+        head = store.published_info()  # a small read: the daemon asks every tick
+        if head is None or int(head["version"]) == self.current.version:
+            return None
+        got = store.load_published_head()
+        if got is None or got[0] == self.current.version:
+            return None
+        info = got[2]
+        cal = info.get("calibration")
+        return self.swap(got[1], got[0], int(info.get("step", 0)),
+                         Calibration(*cal) if cal else None)
+
+    def move_to(self, backend: str, flat=None) -> Snapshot:
+        """Rebuild the current snapshot on `backend` (the GPU -> CPU fallback), same
+        version and step. `flat` (host weights) replaces reading the current ones back,
+        for when the device they are on no longer answers. Later swaps use `backend`."""
+        snap = self.current
+        if flat is None:
+            flat = snap.model.ops.to_numpy(snap.model.flat)
+        new = Snapshot.of(self.cfg, flat, snap.version, snap.step, backend)
+        self.backend = backend
+        self.current = new
+        return new
+
+    def score_many(self, items: Sequence[tuple[str, Sequence[str] | None]]
+                   ) -> tuple[np.ndarray, np.ndarray, Snapshot]:
+        """(raw gate logits, calibrated p_allow, snapshot) for (context, history) pairs."""
+        return self.score_sources(source_batch(items, self.cfg))
+
+    def score_sources(self, sources: dict) -> tuple[np.ndarray, np.ndarray, Snapshot]:
+        """`score_many` for a `source_batch` the caller already built."""
+        snap, cal = self.current, self.calibration
+        z = snap.logits(sources)
+        return z, cal(z), snap
+
+    def predict_many(self, items: Sequence[tuple[str, Sequence[str] | None]]
+                     ) -> tuple[np.ndarray, Snapshot]:
+        """Calibrated p_allow for (context, history) pairs, and the snapshot that served."""
+        _, p, snap = self.score_many(items)
+        return p, snap
+
+    def predict(self, context: str, history: Sequence[str] | None = None) -> dict:
+        p, snap = self.predict_many([(context, history)])
+        return self.reply(float(p[0]), snap.version)
+
+    def reply(self, p_allow: float, version: int) -> dict:
+        return {"p_allow": p_allow, "band": self.bands.of(p_allow), "version": version}
+
+    def cached(self, context: str, history: Sequence[str] | None) -> dict | None:
+        """The reply from the cache, or None (then ask the `MicroBatcher`)."""
+        version = self.current.version
+        p = self.cache.get(PredictionCache.key(version, context, history))
+        return None if p is None else self.reply(p, version)
+
+    def explain(self, context: str, history: Sequence[str] | None = None,
+                max_len: int = 64) -> dict:
+        snap, cal = self.current, self.calibration
+        src = source_batch([(context, history)], self.cfg)
+        p_raw, reason = snap.model.predict_and_decode(src, max_len=max_len)
+        p = float(cal(np.log(p_raw) - np.log1p(-p_raw))) if 0.0 < p_raw < 1.0 else p_raw
+        return {"p_allow": p, "band": self.bands.of(p), "reason": reason,
+                "version": snap.version}
+
+
+class MicroBatcher:
+    """Predictions arriving together share one forward pass.
+
+    One thread runs forwards, one at a time. It takes the oldest request, then every
+    request already queued, then waits at most `wait_s` for more (0: none), up to
+    `max_batch`; requests that arrive while a forward runs are batched into the next one
+    anyway. The thread's replies go through `Future`s. Each result is cached under the
+    version that computed it.
+    """
+
+    def __init__(self, serving: Serving, wait_s: float = 0.0, max_batch: int = 32,
+                 on_batch=None) -> None:
+        self.serving, self.wait_s, self.max_batch = serving, wait_s, max(1, max_batch)
+        self.on_batch = on_batch or (lambda n: None)
+        self.batches = self.batched = 0  # forwards run, requests they answered
+        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="gated-predict", daemon=True)
+        self._thread.start()
+
+    def submit(self, context: str, history: Sequence[str] | None) -> Future:
+        fut: Future = Future()
+        self._q.put((context, history, fut))
+        return fut
+
+    def close(self) -> None:
+        self._q.put(None)
+        self._thread.join(5.0)
+
+    def _take(self) -> list | None:
+        first = self._q.get()
+        if first is None:
+            return None
+        items = [first]
+        while len(items) < self.max_batch:
+            try:
+                nxt = self._q.get_nowait()
+            except queue.Empty:
+                if self.wait_s <= 0:
+                    break
+                try:
+                    nxt = self._q.get(timeout=self.wait_s)
+                except queue.Empty:
+                    break
+            if nxt is None:
+                self._q.put(None)
+                break
+            items.append(nxt)
+        return items
+
+    def _run(self) -> None:
+        while True:
+            items = self._take()
+            if items is None:
+                return
+            try:
+                p, snap = self.serving.predict_many([(c, h) for c, h, _ in items])
+            except Exception as e:  # noqa: BLE001 - answered as an error, serving goes on
+                log.exception("a predict forward pass failed")
+                for _, _, fut in items:
+                    fut.set_exception(e)
+                continue
+            self.batches += 1
+            self.batched += len(items)
+            self.on_batch(len(items))
+            for (c, h, fut), pi in zip(items, p, strict=True):
+                pi = float(pi)
+                self.serving.cache.put(PredictionCache.key(snap.version, c, h), pi)
+                fut.set_result(self.serving.reply(pi, snap.version))

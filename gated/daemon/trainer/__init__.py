@@ -1,0 +1,10 @@
+"""The online learner: the training loop (loop.py), resuming from a checkpoint
+(resume.py), the GPU -> CPU fallback (gpu.py) and the replay filter (latest.py). It runs
+in the trainer process (daemon/trainer_process.py); benchmarks run it in-process."""
+
+from .gpu import GPU_FAILURES_BEFORE_CPU
+from .loop import AlignmentWindow, Trainer, TrainerEvents
+from .resume import build_trainer
+
+__all__ = ["GPU_FAILURES_BEFORE_CPU", "AlignmentWindow", "Trainer", "TrainerEvents",
+           "build_trainer"]

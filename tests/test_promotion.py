@@ -1,0 +1,140 @@
+"""The promotion gate (daemon/trainer/promotion.py) on a real trainer and a real LMDB
+store: a worse candidate is never published, held-back signals are never trained on, and
+refusals in a row send training back to the serving weights."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from gated.config import TrainConfig
+from gated.daemon.trainer import TrainerEvents, build_trainer
+from gated.engine import ModelConfig
+from gated.signals import context_fingerprint
+from gated.store import Store
+
+
+class Recorder(TrainerEvents):
+    def __init__(self) -> None:
+        self.decisions: list[dict] = []
+
+    def on_promotion(self, decision: dict) -> None:
+        self.decisions.append(decision)
+
+
+def _signals(n: int, start: int = 0) -> list[dict]:
+    """Separable traffic: shell.exec with rm is blocked, fs.read allowed."""
+    out = []
+    for i in range(start, start + n):
+        if i % 2:
+            out.append({"context": f"shell.exec {{\"cmd\": \"rm -rf /srv/{i}\"}}",
+                        "decision": "block"})
+        else:
+            out.append({"context": f"fs.read {{\"path\": \"src/m{i}.py\"}}",
+                        "decision": "allow"})
+    return out
+
+
+def _trained(tmp_path, **kw):
+    store = Store(tmp_path / "state")
+    settings = dataclasses.replace(
+        TrainConfig(), lr=3e-3, swap_every_steps=1, swap_every_seconds=0.0,
+        promotion_holdout_share=0.3, promotion_holdout_size=100, promotion_min_holdout=20,
+        promotion_margin=0.01, **kw)
+    events = Recorder()
+    trainer, serving = build_trainer(store, ModelConfig.tiny(), settings, seed=0,
+                                     events=events)
+    store.append_signals(_signals(400))
+    while trainer.status.last_trained_seq < 400:
+        trainer.train_on(store.read_signals(trainer.status.last_trained_seq, 32))
+    return store, trainer, serving, events
+
+
+def _plant_bad_candidate(trainer) -> None:
+    """Flip the gate: negate the gate head and the wide path, so every decision turns."""
+    for name in ("gate.w", "gate.b", "wide.w"):
+        trainer.model.params[name][...] *= -1.0
+    trainer._steps_since_swap += 1
+    trainer._deep_version += 1
+
+
+def test_a_worse_candidate_is_not_published(tmp_path):
+    store, trainer, serving, events = _trained(tmp_path)
+    assert len(trainer.promotion.ring) >= 20
+    assert events.decisions and events.decisions[-1]["published"]
+    served = serving.current.logits
+    version, flat = store.load_published()
+    assert version == trainer.status.version == serving.current.version
+    serve_acc = trainer.promotion.judge(trainer.model, trainer._deep_version,
+                                        serving).serving
+    assert serve_acc >= 0.8, "the tiny model should have learned this separable stream"
+
+    _plant_bad_candidate(trainer)
+    assert trainer._maybe_swap(force=True) is False
+    d = events.decisions[-1]
+    assert not d["published"] and d["candidate"] < d["serving"] - 0.01
+    assert trainer.promotion.last.published is False
+    # nothing moved: the store, the trainer's version and the serving snapshot
+    v2, flat2 = store.load_published()
+    assert v2 == version and trainer.status.version == version
+    np.testing.assert_array_equal(flat2, flat)
+    assert serving.current.logits == served
+    store.close()
+
+
+def test_an_equal_candidate_is_published(tmp_path):
+    store, trainer, serving, events = _trained(tmp_path)
+    version = trainer.status.version
+    trainer._steps_since_swap += 1  # same weights: not worse
+    assert trainer._maybe_swap(force=True) is True
+    assert store.load_published()[0] == version + 1 and events.decisions[-1]["published"]
+    store.close()
+
+
+def test_held_back_signals_are_scored_but_never_trained_on(tmp_path):
+    store, trainer, serving, _ = _trained(tmp_path)
+    held = {bytes(ex["fp"]) for ex in trainer.promotion.ring}
+    assert held and trainer.window.total_scored == 400  # every signal scored
+    replayed = store.reservoir_sample(10_000, np.random.default_rng(0))
+    in_replay = {context_fingerprint(e["context"], e.get("history")) for e in replayed}
+    assert replayed and not (held & in_replay)
+    store.close()
+
+
+def test_refusals_in_a_row_send_training_back_to_the_serving_weights(tmp_path):
+    store, trainer, serving, _ = _trained(tmp_path, promotion_max_refusals=2)
+    _, published = store.load_published()
+    _plant_bad_candidate(trainer)
+    assert trainer._maybe_swap(force=True) is False
+    assert not np.array_equal(trainer.model.ops.to_numpy(trainer.model.flat), published)
+    trainer._steps_since_swap += 1
+    assert trainer._maybe_swap(force=True) is False  # the second refusal: rolled back
+    np.testing.assert_array_equal(trainer.model.ops.to_numpy(trainer.model.flat), published)
+    assert trainer.status.rollbacks >= 1
+    store.close()
+
+
+def test_a_difference_within_noise_is_published_a_significant_one_is_not(tmp_path):
+    """The gate is paired (McNemar): losing 3 held-back signals and winning 1 is 2 points
+    worse on 100 -- beyond the 1-point margin, within noise -- and is published; losing
+    20 and winning 2 is refused."""
+    store, trainer, serving, _ = _trained(tmp_path)
+    gate = trainer.promotion
+    n = len(gate.ring)
+    labels = np.array([ex["label"] >= 0.5 for ex in gate.ring])
+    right = np.where(labels, 1.0, -1.0)  # logits that are right everywhere
+
+    def judge(lost: int, won: int) -> bool:
+        z_serve, z_cand = right.copy(), right.copy()
+        z_serve[lost:lost + won] *= -1  # serving wrong where the candidate wins
+        z_cand[:lost] *= -1  # candidate wrong where it loses
+        gate._serving_logits = lambda serving, sources: z_serve
+        gate._deep_logits = lambda model, step, sources: z_cand
+        trainer.model.params["wide.w"][...] = 0.0
+        return gate.judge(trainer.model, 0, serving).published
+
+    assert n >= 60
+    assert judge(3, 1) is True
+    assert judge(20, 2) is False
+    store.close()
