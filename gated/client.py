@@ -51,7 +51,20 @@ class Client:
     def request(self, op: str, **fields: Any) -> dict:
         """Send one request and return its reply map (raises GatedError on ok: false)."""
         rid = next(self._rids)
-        self.sock.sendall(msgpack.packb({"op": op, "rid": rid, **fields}, use_bin_type=True))
+        try:
+            self.sock.sendall(msgpack.packb({"op": op, "rid": rid, **fields},
+                                            use_bin_type=True))
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            # The daemon may refuse a connection (overloaded, a hard limit) and close it
+            # before our request arrives: its reason is already on the stream, so read it
+            # and say that instead of "broken pipe".
+            try:
+                reply = self.read_reply()
+            except (OSError, ValueError):
+                raise ConnectionError(
+                    f"the daemon closed the connection before {op!r} was sent") from exc
+            err = reply.get("error") or {}
+            raise GatedError(str(err.get("code")), str(err.get("message"))) from exc
         reply = self.read_reply()
         if reply.get("rid") is None and not reply.get("ok"):
             # a connection-level error (overloaded, timeout, a hard limit): rid nil, and
