@@ -138,3 +138,40 @@ def test_a_difference_within_noise_is_published_a_significant_one_is_not(tmp_pat
     assert judge(3, 1) is True
     assert judge(20, 2) is False
     store.close()
+
+
+def test_judging_takes_at_most_its_share_of_the_trainers_time(tmp_path):
+    """A judgement costing J seconds defers the next publication by J / JUDGE_TIME_SHARE
+    (flint's slice on a 2-core CPU costs seconds; judging at every swap starved training),
+    and a published candidate's logits serve as the new version's: no second forward."""
+    from gated.daemon.trainer import promotion
+
+    store, trainer, serving, events = _trained(tmp_path)
+    gate = trainer.promotion
+    assert gate.judge_seconds > 0
+    gate.judge_seconds = 3600.0  # as if the last judgement had taken an hour
+    trainer._steps_since_swap += 1
+    version = trainer.status.version
+    assert not gate.due()
+    assert trainer._maybe_swap(force=False) is False and trainer.status.version == version
+    assert trainer._maybe_swap(force=True) is True  # a forced swap (stop) still judges
+    assert trainer.status.version == version + 1
+    gate.judge_seconds = 0.0
+    assert gate.due()
+
+    calls = []
+    real = type(serving.current).logits
+    def counting(snap, sources):
+        calls.append(snap.version)
+        return real(snap, sources)
+    type(serving.current).logits = counting
+    try:
+        trainer._steps_since_swap += 1
+        trainer._deep_version += 1
+        d = gate.judge(trainer.model, trainer._deep_version, serving)
+    finally:
+        type(serving.current).logits = real
+    assert calls == [], "the published candidate's logits were recomputed"
+    assert d.published and d.candidate == d.serving  # same weights, same slice
+    assert promotion.JUDGE_TIME_SHARE <= 0.5
+    store.close()

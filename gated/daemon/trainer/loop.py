@@ -504,6 +504,8 @@ class Trainer(GpuFallback, threading.Thread):
         if not self.model.ops.all_finite(self.model.flat):
             self._rollback("non-finite weights at swap")
             return False
+        if judge and not (force or self.promotion.due()):
+            return False  # judging would take more than its share of the trainer's time
         if judge and not self._promoted():
             return False
         version = self.status.version + 1
@@ -514,6 +516,8 @@ class Trainer(GpuFallback, threading.Thread):
                            extra={"calibration": [float(cal.a), float(cal.b)]})
         self.status.version = version
         self.status.swaps += 1
+        if judge:
+            self.promotion.published(version)
         self._good = self._capture(flat=host)
         if self.model.ewc.lam > 0:
             self.model.ewc.consolidate(self.model.flat)

@@ -12,15 +12,22 @@ are scored on that slice; the candidate is refused only if its alignment (sign o
 logit vs the label) is below the serving one's by more than `promotion_margin` AND the
 difference is significant (paired: of the signals the two disagree on, the candidate
 loses more than it wins by over two standard errors, McNemar).
-Scoring cost is bounded: the serving snapshot's logits are cached per version, and the
-candidate's transformer logits per optimiser step (its wide logit is a sparse dot,
-recomputed each time). With fewer than `promotion_min_holdout` held-back examples the
-gate lets everything through (there is nothing to judge on yet). After a detected drift
-the slice is dropped: it holds the old policy's labels.
+Scoring cost is bounded: the serving snapshot's logits are cached per version (a
+published candidate's logits become the new serving version's: the same weights, so
+publishing costs no second forward), the candidate's transformer logits per optimiser
+step (its wide logit is a sparse dot, recomputed each time), and judging may take at most
+`JUDGE_TIME_SHARE` of the trainer's time: after a judgement that took J seconds the next
+one waits J / JUDGE_TIME_SHARE. On a GPU or with the tiny preset that is milliseconds; on
+a 2-core CPU flint's 200-signal slice is seconds of forward passes, and judging at every
+1-second swap starved training (measured: the queue grew from ~7,700 signals on).
+With fewer than `promotion_min_holdout` held-back examples the gate lets everything
+through (there is nothing to judge on yet). After a detected drift the slice is dropped:
+it holds the old policy's labels.
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +37,8 @@ import numpy as np
 from ...engine import source_batch
 from ...engine.infer import InferencePlan
 from ...signals import CORRECTIONS
+
+JUDGE_TIME_SHARE = 0.1  # the most of the trainer's time judging may take
 
 
 @dataclass
@@ -59,6 +68,9 @@ class PromotionGate:
         self._deep_cache: tuple[int, int, np.ndarray] | None = None  # step, gen, z_deep
         self._gen = 0  # bumped whenever the slice changes
         self._sources: tuple[int, dict, np.ndarray] | None = None
+        self._candidate: tuple[int, np.ndarray] | None = None  # gen, z of the last judged
+        self.judge_seconds = 0.0  # what the last judgement cost
+        self._judged_at = float("-inf")
 
     @property
     def enabled(self) -> bool:
@@ -92,6 +104,19 @@ class PromotionGate:
         self.ring.clear()
         self._gen += 1
 
+    def due(self) -> bool:
+        """May a candidate be judged now, within JUDGE_TIME_SHARE of the trainer's time?
+        (Always, while the slice is too small to judge on.)"""
+        if not self.enabled or len(self.ring) < self.min_examples:
+            return True
+        return time.monotonic() - self._judged_at >= self.judge_seconds / JUDGE_TIME_SHARE
+
+    def published(self, version: int) -> None:
+        """The last judged candidate now serves as `version`: its logits on the slice are
+        the serving ones (same weights), so the next judgement needs no serving forward."""
+        if self._candidate is not None and self._candidate[0] == self._gen:
+            self._serving_cache = (version, self._gen, self._candidate[1])
+
     def judge(self, model: Any, step: int, serving: Any) -> PromotionDecision:
         """Compare the training model (at optimiser step `step`) with the serving snapshot
         on the slice; record and return the decision."""
@@ -101,9 +126,13 @@ class PromotionGate:
                                           f"fewer than {self.min_examples} held-back "
                                           "examples: not judged")
             return self.last
+        t0 = time.monotonic()
         sources, labels = self._slice(model.cfg)
         z_serve = self._serving_logits(serving, sources)
         z_cand = self._deep_logits(model, step, sources) + model.wide_logit(sources)
+        self._candidate = (self._gen, z_cand)
+        self._judged_at = time.monotonic()
+        self.judge_seconds = self._judged_at - t0
         right_c, right_s = (z_cand >= 0) == labels, (z_serve >= 0) == labels
         cand, serve = float(np.mean(right_c)), float(np.mean(right_s))
         # Paired (McNemar): only the signals the two models disagree on tell them apart.
