@@ -210,6 +210,7 @@ class Stats:
         self.mismatches = 0
         self.reserved = 0
         self.bad_replies: list = []
+        self.mismatch_cases: list[dict] = []  # the first few, to diagnose
         self.refused = 0
 
 
@@ -249,7 +250,7 @@ def one_connection(d: Daemon, rng: random.Random, stats: Stats, budget: list[int
         s.close()
         return
     replies: list = []
-    hang = mismatch = False
+    hang = mismatch = closed = False
     try:
         if ending == "reset":
             try:
@@ -265,7 +266,6 @@ def one_connection(d: Daemon, rng: random.Random, stats: Stats, budget: list[int
             except OSError:
                 pass  # the daemon closed first (a fatal error): its reply is still there
             unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
-            closed = False
             while must_close or len(replies) < expected:
                 try:
                     chunk = s.recv(1 << 16)
@@ -291,6 +291,13 @@ def one_connection(d: Daemon, rng: random.Random, stats: Stats, budget: list[int
         stats.endings[ending] += 1
         stats.hangs += hang
         stats.mismatches += mismatch
+        if mismatch and len(stats.mismatch_cases) < 5:
+            stats.mismatch_cases.append({
+                "kinds": kinds, "ending": ending, "expected": expected,
+                "must_close": must_close, "closed": closed,
+                "codes": [r.get("error", {}).get("code") if isinstance(r, dict)
+                          and not r.get("ok") else "ok" for r in replies],
+                "head": data[:48]})
         for r in replies:
             if not isinstance(r, dict) or not isinstance(r.get("ok"), bool):
                 stats.bad_replies.append(r)
@@ -410,6 +417,8 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     if stats.bad_replies:
         print("bad replies (first 5):", stats.bad_replies[:5])
+    for case in stats.mismatch_cases:
+        print("mismatch:", case)
     if not a.no_docs:
         from docs_section import write_section
         write_section(SECTION, text)

@@ -473,3 +473,45 @@ def test_access_lists_are_refused_where_peers_cannot_be_told_apart(tmp_path):
     out = r.stdout + r.stderr
     assert r.returncode == 1, out
     assert "PrivateUsers" in out and "uid 65534" in out, out
+
+
+def _pipelined_explains(n: int) -> bytes:
+    return b"".join(msgpack.packb({"op": "explain", "rid": i,
+                                   "context": f"shell.exec ls /srv/{i}"}) for i in range(n))
+
+
+@pytest.mark.parametrize("half_close", [True, False])
+def test_read_timeout_does_not_count_the_daemons_own_work(tmp_path, half_close):
+    """Found by bench/bench_fuzz.py: a client pipelines many whole requests and the start
+    of one more, all in one write. The read timeout used to run while the daemon was
+    still answering the whole ones, so a busy daemon cut the connection with `timeout`
+    before answering what it had received whole. Now the tail is timed only once every
+    whole request is answered, and a half-closed connection is not timed at all (no
+    byte can follow): its whole requests are answered, then it is closed."""
+    cfg = tmp_path / "g.toml"
+    cfg.write_text("[limits]\nread_timeout_s = 0.1\n")
+    d = start(tmp_path, config=cfg)
+    try:
+        n = 400  # answering these takes the tiny model well over 0.1 s
+        s = _connect(d.sock)
+        t0 = time.monotonic()
+        s.sendall(_pipelined_explains(n) + HALF_4GB)
+        if half_close:
+            s.shutdown(socket.SHUT_WR)
+        replies, closed = _replies_until_close(s, 30.0)
+        took = time.monotonic() - t0
+        assert closed
+        answered = [r for r in replies if r.get("rid") is not None]
+        assert [r["rid"] for r in answered] == list(range(n)), \
+            f"{len(answered)} of {n} answered in {took:.2f}s: {replies[len(answered):][:2]}"
+        assert all(r["ok"] for r in answered)
+        assert took > 0.1, "the daemon answered faster than the timeout: no evidence"
+        rest = replies[n:]
+        if half_close:
+            assert rest == []  # nothing can complete the tail: just closed
+        else:
+            (r,) = rest
+            assert r["rid"] is None and r["error"]["code"] == "timeout"
+        s.close()
+    finally:
+        assert d.stop() == 0

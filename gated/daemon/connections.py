@@ -16,8 +16,11 @@ pausing at all. Across every connection:
   the middle of a message); none of the bytes it held were requests the daemon had
   started on;
 - a message must arrive whole within ``limits.read_timeout_s`` of its first byte (timed
-  while the daemon reads that connection): else ``timeout`` (rid nil) and close. A
-  connection with no partial message is not timed out.
+  while the daemon reads that connection and is not busy answering its earlier
+  messages: the daemon's own slowness is not the client's): else ``timeout`` (rid nil)
+  and close. A connection with no partial message is not timed out, nor one the client
+  has half-closed (no byte can follow: its complete messages are answered, then it is
+  closed).
 
 So what clients can make the daemon hold is bounded whatever their number: the buffered
 bytes (and the objects they decode to), plus a task, a decoder and one read per open
@@ -236,6 +239,7 @@ class Connection(asyncio.Protocol):
 
     def eof_received(self) -> bool:
         self._eof = True
+        self._cancel_timer()  # nothing more can arrive: answer what is whole, then close
         self._wake.set()
         return True  # keep the transport: the replies to what was read still go out
 
@@ -284,6 +288,7 @@ class Connection(asyncio.Protocol):
                     return
                 self._busy = False
                 self._resume()
+                self._arm_timer()  # an incomplete tail is timed from now on
         except Exception:  # noqa: BLE001 - one connection's failure never takes the daemon
             log.exception("serving the connection of %s failed; closing it", self.peer)
             self.abort()
@@ -347,8 +352,8 @@ class Connection(asyncio.Protocol):
             self._arm_timer()
 
     def _arm_timer(self) -> None:
-        if self._timer is None and self._reading and not self._done \
-                and self.decoder.pending_bytes:
+        if self._timer is None and self._reading and not self._busy and not self._eof \
+                and not self._done and self.decoder.pending_bytes:
             self._timer = asyncio.get_running_loop().call_later(
                 self.hub.limits.read_timeout_s, self._timed_out)
 
