@@ -14,7 +14,6 @@ and swaps; a corrupt or partial object is refused and the old snapshot keeps ser
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 import logging
 import time
@@ -27,7 +26,16 @@ from ..daemon.server import Daemon, Refused
 from ..daemon.serving import Calibration, Snapshot
 from ..engine.tokenizer import source_batch
 from .metrics import ClusterMetrics
-from .nats import CURRENT_KEY, NatsRole, connect, ensure_buckets, ensure_stream, node_name, retry
+from .nats import (
+    CURRENT_KEY,
+    NatsRole,
+    connect,
+    ensure_buckets,
+    ensure_stream,
+    fetch_object,
+    node_name,
+    retry,
+)
 from .snapshot import SnapshotError, decode, layout_fingerprint
 
 log = logging.getLogger("gated.cluster")
@@ -142,6 +150,7 @@ class EdgeDaemon(NatsRole, Daemon):
         self._role_stop = asyncio.Event()
         self._wanted = asyncio.Event()
         self._nc = None
+        self._js = None  # the JetStream context, once connected
         self._role_task = asyncio.create_task(self._run_cluster())
 
     def _on_nats(self, up: bool) -> None:
@@ -162,7 +171,7 @@ class EdgeDaemon(NatsRole, Daemon):
         if got is None:
             return
         kv, obs = got
-        self.committer.js = js
+        self.committer.js = self._js = js
         log.info("edge %s: signals to stream %s, snapshots from %s/%s",
                  node_name(cfg), cfg.stream, cfg.kv_bucket, cfg.object_bucket)
         await asyncio.gather(self._watch(kv), self._installer(obs))
@@ -243,14 +252,14 @@ class EdgeDaemon(NatsRole, Daemon):
         from nats.js.errors import DigestMismatchError
 
         t0 = time.perf_counter()
-        buf = io.BytesIO()
         try:
-            await asyncio.wait_for(obs.get(p["object"], writeinto=buf), 60)
+            blob = await asyncio.wait_for(
+                fetch_object(self._js, obs, self.cfg.cluster.object_bucket, p["object"]), 60)
         except DigestMismatchError as e:
             raise SnapshotError("the object's chunks do not match its Object Store "
                                 "digest (partial or corrupted)") from e
         loop = asyncio.get_running_loop()
-        d = await loop.run_in_executor(None, decode, buf.getbuffer(), p, self.layout)
+        d = await loop.run_in_executor(None, decode, memoryview(blob), p, self.layout)
         cal = Calibration(*d.calibration) if d.calibration else None
 
         def build() -> Snapshot:

@@ -4,6 +4,8 @@ KV bucket and the Object Store bucket (created when missing, with the config's n
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
 import importlib.metadata
 import logging
 import os
@@ -17,7 +19,12 @@ from pathlib import Path
 try:
     import nats
     from nats.js import api as js_api
-    from nats.js.errors import BucketNotFoundError, NotFoundError
+    from nats.js.errors import BucketNotFoundError, DigestMismatchError, NotFoundError
+    from nats.js.object_store import (
+        OBJ_CHUNKS_PRE_TEMPLATE,
+        OBJ_DIGEST_TYPE,
+        OBJ_STREAM_TEMPLATE,
+    )
 except ImportError as e:  # pragma: no cover - the cluster extra is missing
     raise ImportError("the cluster roles need nats-py: pip install 'gated[cluster]'") from e
 
@@ -127,6 +134,48 @@ async def ensure_buckets(js, cfg: ClusterConfig):
             bucket=cfg.object_bucket, replicas=cfg.replicas,
             storage=js_api.StorageType.FILE))
     return kv, obs
+
+
+def snapshot_chunk_size(max_payload: int) -> int:
+    """Object Store chunk size for snapshots: as large as the server takes (its
+    `max_payload`, 1 MiB by default, less room for the chunk's headers), not nats-py's
+    128 KiB. The client publishes chunks one at a time, each waiting for its ack, and the
+    edge hands each to a thread: flint's ~22 MB is ~23 round trips instead of ~175."""
+    return max(64 * 1024, min(max_payload, 8 << 20) - 4096)
+
+
+async def fetch_object(js, obs, bucket: str, name: str) -> bytearray:
+    """An Object Store object's bytes, read with one pull consumer and batched fetches.
+
+    nats-py's `ObjectStore.get` reads through an ordered push consumer with flow control
+    and took ~780 ms for flint's 22.7 MB on a 2-core VM (the client idle in epoll most of
+    it); the same chunks by pull fetch took ~55 ms. Checked like `get`: the size and the
+    Object Store's SHA-256 digest of the chunks (DigestMismatchError if they differ)."""
+    info = await obs.get_info(name)
+    if not info.nuid:
+        raise DigestMismatchError(description=f"object {name!r} has no chunks (no nuid)")
+    out = bytearray()
+    if info.size:
+        sub = await js.pull_subscribe(
+            OBJ_CHUNKS_PRE_TEMPLATE.format(bucket=bucket, obj=info.nuid),
+            stream=OBJ_STREAM_TEMPLATE.format(bucket=bucket),
+            config=js_api.ConsumerConfig(ack_policy=js_api.AckPolicy.NONE,
+                                         inactive_threshold=10.0))
+        try:
+            left = int(info.chunks)
+            while left > 0:
+                msgs = await sub.fetch(batch=left, timeout=10)
+                for m in msgs:
+                    out += m.data
+                left -= len(msgs)
+        finally:
+            await sub.unsubscribe()
+    want = base64.urlsafe_b64decode(
+        info.digest.replace(OBJ_DIGEST_TYPE, "").replace(OBJ_DIGEST_TYPE.upper(), ""))
+    if len(out) != info.size or hashlib.sha256(out).digest() != want:
+        raise DigestMismatchError(description=f"object {name!r}: {len(out)} bytes read of "
+                                  f"{info.size}, or their SHA-256 is not the object's")
+    return out
 
 
 async def retry(what: str, fn, stop: asyncio.Event, *, max_wait: float = 2.0):

@@ -26,7 +26,16 @@ from ..daemon.server import Daemon
 from ..signals import SignalError, validate_signal
 from ..store import StoreError
 from .metrics import ClusterMetrics
-from .nats import CURRENT_KEY, NatsRole, connect, ensure_buckets, ensure_stream, node_name, retry
+from .nats import (
+    CURRENT_KEY,
+    NatsRole,
+    connect,
+    ensure_buckets,
+    ensure_stream,
+    node_name,
+    retry,
+    snapshot_chunk_size,
+)
 from .snapshot import encode, layout_fingerprint, object_name
 
 log = logging.getLogger("gated.cluster")
@@ -187,7 +196,10 @@ class TrainerDaemon(NatsRole, Daemon):
                 continue
             blob, pointer = got
             try:
-                await obs.put(pointer["object"], blob)
+                chunk = snapshot_chunk_size(self._nc.max_payload)
+                await obs.put(pointer["object"], blob, meta=js_api.ObjectMeta(
+                    name=pointer["object"],
+                    options=js_api.ObjectMetaOptions(max_chunk_size=chunk)))
                 await kv.put(CURRENT_KEY, json.dumps(pointer).encode())
             except asyncio.CancelledError:
                 raise
