@@ -106,6 +106,7 @@ def run(preset: str, lr: float, rate: float, n_signals: int, switch_at: int, see
         scored: list[tuple[float, bool]] = []  # gated (p, true_allow), ordinary signals
         anchored: list[tuple[float, bool]] = []
         raw: list[tuple[float, bool]] = []  # gated before calibration (p >= 0.5 iff z >= 0)
+        parts: list[tuple[float, float, bool]] = []  # (wide part, transformer part, TRUE)
         rows, queue_trace = [], []
         clock, produced, steps, trained_examples = 0.0, 0, 0, 0
         next_check = CHECK_EVERY
@@ -140,11 +141,12 @@ def run(preset: str, lr: float, rate: float, n_signals: int, switch_at: int, see
             info = trainer.train_on(fresh)
             clock += time.perf_counter() - t0
             steps += info is not None
-            for seq, p, z in trainer.last_scores:
+            for seq, p, z, z_deep in trainer.last_scores:
                 ev = events.pop(seq)
                 if not ev.is_correction:
                     scored.append((p, ev.true_allow))
                     raw.append((float(z >= 0), ev.true_allow))
+                    parts.append((z - z_deep, z_deep, ev.true_allow))
             queue = produced - trainer.status.last_trained_seq
             max_queue = max(max_queue, queue)
             if len(scored) >= next_check or (produced >= n_signals and not events):
@@ -159,6 +161,7 @@ def run(preset: str, lr: float, rate: float, n_signals: int, switch_at: int, see
                     "queue": queue, "steps": steps,
                     "gated": _acc(*zip(*g, strict=True)),
                     "gated_uncalibrated": _acc(*zip(*raw[-CHECK_EVERY:], strict=True)),
+                    **_parts_alone(parts[-CHECK_EVERY:]),
                     "anchor": _acc(*zip(*a, strict=True)),
                     "gated_block_recall": _recall_block(*zip(*g, strict=True)),
                     "probe_unseen": pr_g["unseen"], "probe_unseen_anchor": pr_a["unseen"],
@@ -187,9 +190,18 @@ def run(preset: str, lr: float, rate: float, n_signals: int, switch_at: int, see
             "switch_at": switch_at, "trained_steps": trained_examples}
 
 
+def _parts_alone(window: list[tuple[float, float, bool]]) -> dict[str, float]:
+    """Alignment of the serving logit with one part held at its mean over the window:
+    does the other part's variation decide calls right? (The split of the bias between
+    the parts is arbitrary, so a part alone, uncentred, says nothing.)"""
+    wide, deep, y = (np.array(c, dtype=float) for c in zip(*window, strict=True))
+    return {"wide_alone": float(np.mean((wide + deep.mean() >= 0) == (y > 0.5))),
+            "deep_alone": float(np.mean((deep + wide.mean() >= 0) == (y > 0.5)))}
+
+
 def _row_text(r: dict) -> str:
     return (f"| {r['n']} | {r['policy']} | {r['gated']:.3f} | {r['anchor']:.3f} | "
-            f"{r['gated_uncalibrated']:.3f} | "
+            f"{r['gated_uncalibrated']:.3f} | {r['wide_alone']:.3f} / {r['deep_alone']:.3f} | "
             f"{r['gated_block_recall']:.2f} | {r['probe_unseen']:.3f} / "
             f"{r['probe_unseen_anchor']:.3f} | {r['probe_history']:.3f} / "
             f"{r['probe_history_anchor']:.3f} | {r['ece']:.3f} | {r['queue']} | "
@@ -197,10 +209,11 @@ def _row_text(r: dict) -> str:
 
 
 TABLE_HEAD = ("| ordinary signals scored | policy | gated, last 500 vs TRUE | anchor, last 500 | "
-              "gated before calibration | gated block recall | unseen-value probes gated / "
+              "gated before calibration | wide part / transformer part, the other at its mean | "
+              "gated block recall | unseen-value probes gated / "
               "anchor | history-rule probes gated / anchor | ECE (vs signal labels) | queue | "
               "virtual s |\n"
-              "| ---: | --- | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: | ---: |")
+              "| ---: | --- | ---: | ---: | ---: | --- | ---: | --- | --- | ---: | ---: | ---: |")
 
 
 def summary(r: dict) -> list[str]:

@@ -99,8 +99,9 @@ class Trainer(GpuFallback, threading.Thread):
             drift_threshold=settings.drift_threshold,
             drift_adapt_signals=settings.drift_adapt_signals))
         self.window = self.monitor.window
-        #: (seq, calibrated p, raw logit) of each signal the last step scored
-        self.last_scores: list[tuple[int, float, float]] = []
+        #: (seq, calibrated p, raw logit, its transformer part) of each signal the last
+        #: step scored; the rest of the raw logit is the wide path's
+        self.last_scores: list[tuple[int, float, float, float]] = []
         self.status = TrainerStatus(step=step, version=version, last_trained_seq=last_trained_seq)
         self._wake = threading.Event()
         self._stop_event = threading.Event()
@@ -348,11 +349,12 @@ class Trainer(GpuFallback, threading.Thread):
         s = self.settings
         sources = source_batch([(e["context"], e["history"]) for e in fresh], self.model.cfg)
         z, p, snap = self.serving.score_sources(sources)
-        self._learn_wide(sources, z - snap.model.wide_logit(sources), fresh)
+        z_deep = z - snap.model.wide_logit(sources)
+        self._learn_wide(sources, z_deep, fresh)
         self.last_scores = []
         hard: list[tuple[float, dict]] = []
-        for zi, pi, ex in zip(z, p, fresh, strict=True):
-            self.last_scores.append((ex["seq"], float(pi), float(zi)))
+        for zi, pi, zdi, ex in zip(z, p, z_deep, fresh, strict=True):
+            self.last_scores.append((ex["seq"], float(pi), float(zi), float(zdi)))
             began = self.monitor.observe(ex["seq"], ex["fp"], ex["feedback"], ex["label"],
                                          float(zi), float(pi), tool_of(ex["context"]))
             if began is not None:
