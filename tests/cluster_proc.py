@@ -9,22 +9,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from daemon_proc import DaemonProc, start, wait_until
+from daemon_proc import QUIET, DaemonProc, start, wait_until
 
 from gated.cluster.nats import find_nats_server
 from gated.demo import free_port
 
 #: Trains, publishes and redelivers quickly; no idle steps, so versions change only
 #: when signals arrive (tests can hold the version still).
-CLUSTER_FAST = """
-[train]
-lr = 0.003
-batch_size = 16
-swap_every_steps = 2
-swap_every_seconds = 0.5
-checkpoint_every_steps = 5
-idle_steps_per_second = 0.0
-"""
+CLUSTER_FAST = QUIET
 
 
 @dataclass

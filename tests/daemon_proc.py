@@ -28,6 +28,10 @@ checkpoint_every_steps = 5
 idle_steps_per_second = 5.0
 """
 
+#: FAST without idle steps: versions change only when signals arrive, so a test can hold
+#: the version still.
+QUIET = FAST.replace("idle_steps_per_second = 5.0", "idle_steps_per_second = 0.0")
+
 
 def expected_band(p_allow: float, bands: BandsConfig | None = None) -> str:
     """The band docs/protocol.md defines for ``p_allow`` under ``[bands]`` (default: the

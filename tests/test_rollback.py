@@ -11,13 +11,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from daemon_proc import FAST, metric_samples, metric_value, start, wait_until
+from daemon_proc import QUIET, metric_samples, metric_value, start, wait_until
 
 from gated.client import GatedError
 from gated.store import Store
 from gated.synthetic import SyntheticGateway
-
-QUIET = FAST.replace("idle_steps_per_second = 5.0", "idle_steps_per_second = 0.0")
 
 
 def _signals(n: int, seed: int) -> list[dict]:

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from daemon_proc import FAST, metric_samples, metric_value, start, wait_until
+from daemon_proc import FAST, QUIET, metric_samples, metric_value, start, wait_until
 
 from gated.client import GatedError
 from gated.store import Store
@@ -20,7 +20,6 @@ from gated.synthetic import SyntheticGateway
 
 #: No replay-only steps: without new signals the trainer neither steps nor swaps, so the
 #: serving version stays where it is.
-QUIET = FAST.replace("idle_steps_per_second = 5.0", "idle_steps_per_second = 0.0")
 
 
 def _config(tmp_path: Path, text: str) -> Path:
