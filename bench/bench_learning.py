@@ -190,6 +190,15 @@ def run(preset: str, lr: float, rate: float, n_signals: int, switch_at: int, see
             "switch_at": switch_at, "trained_steps": trained_examples}
 
 
+def _setting(kind: type, text: str):
+    """A --set value as its setting's type (bool("false") would be True)."""
+    if kind is bool:
+        if text.lower() not in ("true", "false", "1", "0"):
+            raise SystemExit(f"--set: {text!r} is not true or false")
+        return text.lower() in ("true", "1")
+    return kind(text)
+
+
 def _parts_alone(window: list[tuple[float, float, bool]]) -> dict[str, float]:
     """Alignment of the serving logit with one part held at its mean over the window:
     does the other part's variation decide calls right? (The split of the bias between
@@ -260,7 +269,7 @@ def main() -> None:
     ap.add_argument("--section", default=None, help="heading suffix for docs/benchmarks.md")
     a = ap.parse_args()
     types = {f.name: type(getattr(TrainConfig(), f.name)) for f in dataclasses.fields(TrainConfig)}
-    overrides = {k: types[k](v) for k, v in (kv.split("=", 1) for kv in a.set)}
+    overrides = {k: _setting(types[k], v) for k, v in (kv.split("=", 1) for kv in a.set)}
     machine = (f"{platform.machine()}, {len(os.sched_getaffinity(0))} cores, Python "
                f"{platform.python_version()}, numpy {np.__version__}")
     head = (f"Machine: {machine}. Stream: gated.traffic seed {a.seed}, {a.signals} signals "

@@ -113,3 +113,37 @@ def test_a_drift_relaxes_the_wide_path(tmp_path):
     trainer._on_drift(1)
     assert np.all(trainer.opt.v[trainer.model.deep_size:] == 1.0)
     store.close()
+
+
+def test_without_wide_residual_the_wide_path_is_a_standalone_learner(tmp_path):
+    """`wide_residual = false`: the wide path learns as a logistic regression of its own
+    (the rest of the logit held at 0), whatever the transformer says: its weights equal
+    a WideAdaGrad fed the same signals alone, exactly. With the default (true) they do not:
+    there it learns the residual of the serving transformer's logit."""
+    from gated.engine import source_batch
+    from gated.signals import training_example
+
+    signals = [{"context": f"shell.exec rm -rf /srv/{i}" if i % 3 == 0
+                else f"fs.read src/{i}.py", "decision": "block" if i % 3 == 0 else "allow"}
+               for i in range(48)]
+    cfg = ModelConfig.tiny()
+    got = {}
+    for residual in (False, True):
+        store, trainer, _ = _trainer(tmp_path / str(residual), wide_residual=residual,
+                                     promotion_holdout_share=0.0)
+        trainer.model.params["gate.b"][...] = 2.0  # a transformer that says "allow"
+        assert trainer.publish_now()
+        store.append_signals(signals)
+        while trainer.status.last_trained_seq < len(signals):
+            trainer.train_on(store.read_signals(trainer.status.last_trained_seq, 16))
+        got[residual] = trainer.model.params["wide.w"][0].copy()
+        stored = [sig for _, sig in store.read_signals(0, len(signals))]  # label, weight
+        store.close()
+    ref = WideAdaGrad(np.zeros_like(got[False]), np.zeros_like(got[False]),
+                      scale=cfg.wide_scale, lr=TrainConfig().wide_lr, l2=TrainConfig().wide_l2)
+    src = source_batch([(s["context"], None) for s in signals], cfg)
+    for i, s in enumerate(stored):
+        ex = training_example(s)
+        ref.learn(src["wide_idx"][i], src["wide_val"][i], 0.0, ex["label"], ex["weight"])
+    np.testing.assert_array_equal(got[False], ref.w)
+    assert not np.array_equal(got[True], ref.w)

@@ -150,6 +150,11 @@ class TrainConfig:
     wide_lr: float = _opt(0.5, "AdaGrad learning rate of the wide (hashed n-gram) path, "
                           "which learns from every fresh signal", hot=True, lo=0.0, hi=100.0)
     wide_l2: float = _opt(1e-5, "L2 penalty of the wide path's weights", hot=True, lo=0.0)
+    wide_residual: bool = _opt(True, "the wide path learns the residual of the serving "
+                               "transformer's logit (true: one joint model); false: it "
+                               "learns on its own, like a standalone logistic regression, "
+                               "and only the transformer learns the residual of the other",
+                               hot=True)
     drift_wide_relax: float = _opt(1.0, "after a detected drift the wide path's AdaGrad "
                                    "squared-gradient sums are multiplied by this (0 = its "
                                    "steps as large as at the start; 1 = unchanged, measured "

@@ -380,16 +380,19 @@ class Trainer(GpuFallback, threading.Thread):
 
     def _learn_wide(self, sources: dict, z_deep: np.ndarray, fresh: list[dict]) -> None:
         """The wide path learns from every fresh signal, in order, at once: AdaGrad with
-        the serving transformer's logit as the fixed rest of the gate's (engine/wide.py).
+        the serving transformer's logit as the fixed rest of the gate's (engine/wide.py),
+        or with 0 there when `wide_residual` is off (it then learns on its own, and only
+        the transformer's step sees the other part).
         Cheap (a few hundred buckets per signal), so nothing is skipped, not even when the
         transformer falls behind."""
         if self.wide is None:
             return
+        residual = self.settings.wide_residual
         for i, ex in enumerate(fresh):
             if ex.get("held"):
                 continue
-            self.wide.learn(sources["wide_idx"][i], sources["wide_val"][i], float(z_deep[i]),
-                            ex["label"], ex["weight"])
+            self.wide.learn(sources["wide_idx"][i], sources["wide_val"][i],
+                            float(z_deep[i]) if residual else 0.0, ex["label"], ex["weight"])
         self._wide_dirty = True
 
     def _on_drift(self, began_seq: int) -> None:
