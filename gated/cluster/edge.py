@@ -150,7 +150,6 @@ class EdgeDaemon(NatsRole, Daemon):
         self._role_stop = asyncio.Event()
         self._wanted = asyncio.Event()
         self._nc = None
-        self._js = None  # the JetStream context, once connected
         self._role_task = asyncio.create_task(self._run_cluster())
 
     def _on_nats(self, up: bool) -> None:
@@ -171,7 +170,7 @@ class EdgeDaemon(NatsRole, Daemon):
         if got is None:
             return
         kv, obs = got
-        self.committer.js = self._js = js
+        self.committer.js = js
         log.info("edge %s: signals to stream %s, snapshots from %s/%s",
                  node_name(cfg), cfg.stream, cfg.kv_bucket, cfg.object_bucket)
         await asyncio.gather(self._watch(kv), self._installer(obs))
@@ -253,8 +252,8 @@ class EdgeDaemon(NatsRole, Daemon):
 
         t0 = time.perf_counter()
         try:
-            blob = await asyncio.wait_for(
-                fetch_object(self._js, obs, self.cfg.cluster.object_bucket, p["object"]), 60)
+            blob = await asyncio.wait_for(fetch_object(
+                self.committer.js, obs, self.cfg.cluster.object_bucket, p["object"]), 60)
         except DigestMismatchError as e:
             raise SnapshotError("the object's chunks do not match its Object Store "
                                 "digest (partial or corrupted)") from e

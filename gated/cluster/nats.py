@@ -139,8 +139,8 @@ async def ensure_buckets(js, cfg: ClusterConfig):
 def snapshot_chunk_size(max_payload: int) -> int:
     """Object Store chunk size for snapshots: as large as the server takes (its
     `max_payload`, 1 MiB by default, less room for the chunk's headers), not nats-py's
-    128 KiB. The client publishes chunks one at a time, each waiting for its ack, and the
-    edge hands each to a thread: flint's ~22 MB is ~23 round trips instead of ~175."""
+    128 KiB. nats-py publishes chunks one at a time, each waiting for its ack: flint's
+    ~22 MB is 22 round trips instead of ~175."""
     return max(64 * 1024, min(max_payload, 8 << 20) - 4096)
 
 

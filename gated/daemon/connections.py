@@ -288,7 +288,6 @@ class Connection(asyncio.Protocol):
                     return
                 self._busy = False
                 self._resume()
-                self._arm_timer()  # an incomplete tail is timed from now on
         except Exception:  # noqa: BLE001 - one connection's failure never takes the daemon
             log.exception("serving the connection of %s failed; closing it", self.peer)
             self.abort()
@@ -345,11 +344,13 @@ class Connection(asyncio.Protocol):
                 self.transport.pause_reading()
 
     def _resume(self) -> None:
+        """Everything read is answered: read again (if paused), and time an incomplete
+        tail from now on."""
         if not self._reading and not self._done:
             self._reading = True
             if self.transport is not None:
                 self.transport.resume_reading()
-            self._arm_timer()
+        self._arm_timer()
 
     def _arm_timer(self) -> None:
         if self._timer is None and self._reading and not self._busy and not self._eof \
