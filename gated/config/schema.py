@@ -149,7 +149,9 @@ class TrainConfig:
                                 lo=0, hi=4096)
     wide_lr: float = _opt(0.5, "AdaGrad learning rate of the wide (hashed n-gram) path, "
                           "which learns from every fresh signal", hot=True, lo=0.0, hi=100.0)
-    wide_l2: float = _opt(1e-5, "L2 penalty of the wide path's weights", hot=True, lo=0.0)
+    wide_l2: float = _opt(1e-3, "L2 penalty of the wide path's weights (1e-3: the sweep in "
+                          "docs/learning.md; it is what lets unseen values fall back on "
+                          "the shared features)", hot=True, lo=0.0)
     wide_residual: bool = _opt(True, "the wide path learns the residual of the serving "
                                "transformer's logit (true: one joint model); false: it "
                                "learns on its own, like a standalone logistic regression, "

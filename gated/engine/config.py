@@ -46,6 +46,12 @@ class ModelConfig:
     #: The history segment's n-gram values are multiplied by this (sweep in
     #: bench/anchor.py: 0.25 is best for a linear model; the transformer reads all of it).
     wide_history_scale: float = 0.25
+    #: Structured wide features (engine/wide.py `structured_features`; why: docs/learning.md):
+    #: the words of each argument keyed by tool and argument, their total L2 norm this, ...
+    wide_call_words: float = 0.3
+    #: ... and one feature of this value per (call's tool and method) x (a history entry's
+    #: tool and the last component of its `path`). 0 turns either off.
+    wide_history_cross: float = 0.3
 
     def __post_init__(self) -> None:
         if self.d_model % self.n_heads != 0:
@@ -59,8 +65,10 @@ class ModelConfig:
                      "wide_ngram", "history_entry_min"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.wide_buckets < 0 or self.max_history < 0 or self.wide_history_scale < 0:
-            raise ValueError("wide_buckets, max_history and wide_history_scale must be >= 0")
+        for name in ("wide_buckets", "max_history", "wide_history_scale", "wide_call_words",
+                     "wide_history_cross"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.history_entry_max < self.history_entry_min:
             raise ValueError("history_entry_max must be >= history_entry_min")
         if self.source_format not in (1, 2):

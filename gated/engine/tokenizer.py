@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from .config import ModelConfig
-from .wide import pad_features, wide_features
+from .wide import pad_features, structured_features, wide_features
 
 PAD, BOS, EOS, SEP = 256, 257, 258, 259
 CUT_MARK = b" ... "
@@ -149,6 +149,12 @@ def source_batch(items: Sequence[tuple[str, Sequence[str] | None]],
         feats = [wide_features(ids, seg, cfg.wide_ngram, cfg.wide_buckets,
                                cfg.wide_history_scale)
                  for ids, seg in encoded]
+        if cfg.wide_call_words or cfg.wide_history_cross:
+            feats = [(np.concatenate([i, si]), np.concatenate([v, sv]))
+                     for (i, v), (si, sv) in zip(feats, (
+                         structured_features(c, h, cfg.wide_buckets, cfg.wide_call_words,
+                                             cfg.wide_history_cross) for c, h in items),
+                         strict=True)]
         out["wide_idx"], out["wide_val"] = pad_features(feats)
     return out
 

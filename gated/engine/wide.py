@@ -22,6 +22,12 @@ weights still in turn (block-coordinate descent on one loss).
 
 from __future__ import annotations
 
+import hashlib
+import json
+import posixpath
+import re
+from collections.abc import Sequence
+
 import numpy as np
 
 _FNV_OFFSET = np.uint64(0xCBF29CE484222325)
@@ -68,6 +74,79 @@ def wide_features(ids: list[int], segs: list[int], n_max: int, buckets: int,
     call, hist = (_segment_features(arr[seg == s], s, n_max, buckets) for s in (0, 1))
     return (np.concatenate([[BIAS_BUCKET], call[0], hist[0]]),
             np.concatenate([[1.0], call[1], history_scale * hist[1]]))
+
+
+#: At most this many distinct words / history crosses per source: a hostile 64 KiB call
+#: costs a bounded amount of hashing, and real calls have far fewer (~10-40 words).
+MAX_STRUCTURED = 256
+_WORD = re.compile(r"[A-Za-z0-9_]+|[^A-Za-z0-9_\s]")
+
+
+def _parse_call(text: str) -> tuple[str, dict]:
+    """(tool, arguments) of an MCP-style call ``<tool> <JSON object>``; anything else is
+    (first word, {"": the rest}), so a free-form context still gets word features."""
+    tool, _, raw = text.partition(" ")
+    if raw.startswith("{"):
+        try:
+            args = json.loads(raw)
+        except (ValueError, RecursionError):
+            args = None
+        if isinstance(args, dict):
+            return tool, args
+    return tool, ({"": raw} if raw else {})
+
+
+def _bucket(name: str, buckets: int) -> int:
+    """A stable bucket in 1..buckets-1 (never the bias's) for a structured feature name."""
+    h = int.from_bytes(hashlib.blake2b(name.encode("utf-8", "surrogatepass"),
+                                       digest_size=8).digest(), "little")
+    return 1 + h % (buckets - 1)
+
+
+def structured_features(context: str, history: Sequence[str] | None, buckets: int,
+                        word_scale: float, cross_scale: float
+                        ) -> tuple[np.ndarray, np.ndarray]:
+    """Features of the call's parsed arguments and of the call x its history: (idx, val).
+
+    Why, beside the byte n-grams (measured, docs/learning.md "Structured wide features"):
+
+    - **Argument words** ``tool|key|word`` for every word of every argument value (value
+      `word_scale` / sqrt(count)): a word means something in its argument (``-rf`` in
+      ``shell.exec cmd``, ``main`` in ``git.push branch``), which an n-gram across the
+      JSON cannot say.
+    - **History crosses** ``(tool, method) x (entry's tool, the file it touched)``: for
+      each history entry with a ``path`` argument, one feature of value `cross_scale`
+      naming the call's tool and HTTP method and that file's last component
+      (``http.request|POST # fs.read|.env``). A linear logit is a sum, so it cannot say
+      "an outbound POST AND a secret read earlier" from the two apart; the cross can.
+    """
+    out: list[tuple[int, float]] = []
+    tool, args = _parse_call(context)
+    if word_scale > 0:
+        words: dict[str, None] = {}  # insertion-ordered set
+        for key, value in args.items():
+            text = value if isinstance(value, str) else json.dumps(value)
+            for w in _WORD.findall(text):
+                words.setdefault(f"w|{tool}|{key}|{w}")
+                if len(words) >= MAX_STRUCTURED:
+                    break
+        if words:
+            v = word_scale / np.sqrt(len(words))
+            out += [(_bucket(w, buckets), v) for w in words]
+    if cross_scale > 0 and history:
+        method = args.get("method")
+        key = f"x|{tool}|{method if isinstance(method, str) else ''}#"
+        crosses: dict[str, None] = {}
+        for entry in history[-MAX_STRUCTURED:]:
+            e_tool, e_args = _parse_call(entry)
+            path = e_args.get("path")
+            if isinstance(path, str) and path:
+                crosses.setdefault(key + e_tool + "|" + posixpath.basename(path.rstrip("/")))
+        out += [(_bucket(c, buckets), cross_scale) for c in list(crosses)[:MAX_STRUCTURED]]
+    if not out:
+        return np.zeros(0, np.int64), np.zeros(0, np.float64)
+    return (np.fromiter((i for i, _ in out), np.int64, len(out)),
+            np.fromiter((v for _, v in out), np.float64, len(out)))
 
 
 class WideAdaGrad:
