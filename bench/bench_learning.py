@@ -44,7 +44,7 @@ from anchor import HashedNgramLR, anchor_text, label_weight  # noqa: E402
 
 from gated.config import TrainConfig  # noqa: E402
 from gated.daemon.trainer import build_trainer  # noqa: E402
-from gated.engine import ModelConfig  # noqa: E402
+from gated.engine import ModelConfig, source_batch  # noqa: E402
 from gated.online import brier_score, expected_calibration_error  # noqa: E402
 from gated.store import Store  # noqa: E402
 from gated.traffic import GatewayTraffic  # noqa: E402
@@ -82,14 +82,25 @@ class Probes:
                                 self.traffic.history_probes(self.n, self.seed + 1))
         return self._cache[pol]
 
-    def evaluate(self, predict) -> dict[str, float]:
+    def evaluate(self, predict, raw=None) -> dict[str, float]:
+        """Accuracy of `predict` (items -> p_allow) on both sets; with `raw` (items -> raw
+        logits z, their transformer part, that part's mean on the stream's last 500) also
+        the unseen probes decided by z >= 0 (before calibration: an unseen value's logit is
+        near 0, so Platt's intercept can decide it) and by the wide part alone, the
+        transformer's held at its stream mean (does the transformer's part swing them?)."""
         unseen, hist = self.sets()
-        pu = predict([(e.signal["context"], e.signal.get("history")) for e in unseen])
+        items_u = [(e.signal["context"], e.signal.get("history")) for e in unseen]
+        pu = predict(items_u)
         ph = predict([(e.signal["context"], e.signal.get("history")) for e in hist])
         yu = [e.true_allow for e in unseen]
         yh = [e.true_allow for e in hist]
-        return {"unseen": _acc(list(pu), yu), "unseen_block_recall": _recall_block(list(pu), yu),
-                "history": _acc(list(ph), yh)}
+        out = {"unseen": _acc(list(pu), yu), "unseen_block_recall": _recall_block(list(pu), yu),
+               "history": _acc(list(ph), yh)}
+        if raw is not None:
+            z, z_deep, deep_mean = raw(items_u)
+            out["unseen_raw"] = _acc([float(x >= 0) for x in z], yu)
+            out["unseen_wide"] = _acc([float(x >= 0) for x in z - z_deep + deep_mean], yu)
+        return out
 
 
 def run(preset: str, lr: float, rate: float, n_signals: int, switch_at: int, seed: int,
@@ -153,7 +164,13 @@ def run(preset: str, lr: float, rate: float, n_signals: int, switch_at: int, see
                 n = len(scored)
                 g = scored[-CHECK_EVERY:]
                 a = anchored[n - CHECK_EVERY: n] if n >= CHECK_EVERY else anchored[:n]
-                pr_g = probe.evaluate(lambda items: serving.predict_many(items)[0])
+                deep_mean = float(np.mean([d for _, d, _ in parts[-CHECK_EVERY:]]))
+
+                def raw(items, deep_mean=deep_mean):
+                    sources = source_batch(items, cfg)
+                    z, _, snap = serving.score_sources(sources)
+                    return z, z - snap.model.wide_logit(sources), deep_mean
+                pr_g = probe.evaluate(lambda items: serving.predict_many(items)[0], raw)
                 pr_a = probe.evaluate(lambda items: [anchor.predict_proba(anchor_text(c, h))
                                                      for c, h in items])
                 rows.append({
@@ -165,6 +182,8 @@ def run(preset: str, lr: float, rate: float, n_signals: int, switch_at: int, see
                     "anchor": _acc(*zip(*a, strict=True)),
                     "gated_block_recall": _recall_block(*zip(*g, strict=True)),
                     "probe_unseen": pr_g["unseen"], "probe_unseen_anchor": pr_a["unseen"],
+                    "probe_unseen_raw": pr_g["unseen_raw"],
+                    "probe_unseen_wide": pr_g["unseen_wide"],
                     "probe_unseen_block_recall": pr_g["unseen_block_recall"],
                     "probe_history": pr_g["history"], "probe_history_anchor": pr_a["history"],
                     **{k: round(v, 4) for k, v in trainer.monitor.stats().items()},
@@ -212,7 +231,9 @@ def _row_text(r: dict) -> str:
     return (f"| {r['n']} | {r['policy']} | {r['gated']:.3f} | {r['anchor']:.3f} | "
             f"{r['gated_uncalibrated']:.3f} | {r['wide_alone']:.3f} / {r['deep_alone']:.3f} | "
             f"{r['gated_block_recall']:.2f} | {r['probe_unseen']:.3f} / "
-            f"{r['probe_unseen_anchor']:.3f} | {r['probe_history']:.3f} / "
+            f"{r['probe_unseen_anchor']:.3f} | {r.get('probe_unseen_raw', float('nan')):.3f} / "
+            f"{r.get('probe_unseen_wide', float('nan')):.3f} | "
+            f"{r['probe_history']:.3f} / "
             f"{r['probe_history_anchor']:.3f} | {r['ece']:.3f} | {r['queue']} | "
             f"{r['virtual_s']} |")
 
@@ -220,9 +241,10 @@ def _row_text(r: dict) -> str:
 TABLE_HEAD = ("| ordinary signals scored | policy | gated, last 500 vs TRUE | anchor, last 500 | "
               "gated before calibration | wide part / transformer part, the other at its mean | "
               "gated block recall | unseen-value probes gated / "
-              "anchor | history-rule probes gated / anchor | ECE (vs signal labels) | queue | "
-              "virtual s |\n"
-              "| ---: | --- | ---: | ---: | ---: | --- | ---: | --- | --- | ---: | ---: | ---: |")
+              "anchor | unseen, gated before calibration / wide part alone | history-rule "
+              "probes gated / anchor | ECE (vs signal labels) | queue | virtual s |\n"
+              "| ---: | --- | ---: | ---: | ---: | --- | ---: | --- | ---: | --- | ---: | ---: "
+              "| ---: |")
 
 
 def summary(r: dict) -> list[str]:

@@ -13,8 +13,14 @@ from gradcheck import numeric_grad_entries, rel_error
 from gated.config import TrainConfig
 from gated.daemon.serving import Calibration
 from gated.daemon.trainer import build_trainer
-from gated.engine import AdamW, Model, ModelConfig, build_batch
-from gated.engine.wide import BIAS_BUCKET, WideAdaGrad, wide_features
+from gated.engine import AdamW, Model, ModelConfig, build_batch, source_batch
+from gated.engine.wide import (
+    BIAS_BUCKET,
+    MAX_STRUCTURED,
+    WideAdaGrad,
+    structured_features,
+    wide_features,
+)
 from gated.store import Store
 
 
@@ -58,6 +64,72 @@ def test_every_source_has_the_bias_feature_and_history_is_scaled():
     assert idx[0] == BIAS_BUCKET and val[0] == 1.0
     call, hist = val[1:6], val[6:]  # "abc": 3 uni + 2 bi-grams; "XY": 2 + 1
     assert np.isclose(np.sqrt(call @ call), 1.0) and np.isclose(np.sqrt(hist @ hist), 0.25)
+
+
+def _call(tool: str, **args) -> str:
+    import json
+    return f"{tool} {json.dumps(args)}"
+
+
+def test_argument_words_are_keyed_by_tool_and_argument():
+    """The same word in another argument, or under another tool, is another feature; the
+    words of one call have total L2 norm `word_scale`; never the bias's bucket."""
+    n = 1 << 18
+    a, va = structured_features(_call("git.push", branch="main", remote="origin"), None, n,
+                                0.3, 0.0)
+    b, _ = structured_features(_call("git.push", branch="origin", remote="main"), None, n,
+                               0.3, 0.0)
+    c, _ = structured_features(_call("git.pull", branch="main", remote="origin"), None, n,
+                               0.3, 0.0)
+    assert len(a) == 2 and set(a).isdisjoint(b) and set(a).isdisjoint(c)
+    assert np.isclose(np.sqrt(va @ va), 0.3) and BIAS_BUCKET not in a
+    again, _ = structured_features(_call("git.push", branch="main", remote="origin"), None,
+                                   n, 0.3, 0.0)
+    np.testing.assert_array_equal(a, again)  # stable (blake2b, not Python's hash)
+
+
+def test_history_crosses_name_the_call_and_the_file_an_entry_touched():
+    """One cross per history file: swapping `.env` for `settings.yml` changes exactly that
+    feature, the call's method is part of it, entries without a `path` add none."""
+    n = 1 << 18
+    post = _call("http.request", method="POST", url="https://api.x.io/v1")
+    get = _call("http.request", method="GET", url="https://api.x.io/v1")
+    secret = [_call("fs.read", path="/w/p/.env"), _call("shell.exec", cmd="ls"), "git status"]
+    benign = [_call("fs.read", path="/w/p/config/settings.yml"), *secret[1:]]
+    s_idx, s_val = structured_features(post, secret, n, 0.0, 0.3)
+    b_idx, _ = structured_features(post, benign, n, 0.0, 0.3)
+    g_idx, _ = structured_features(get, secret, n, 0.0, 0.3)
+    assert len(s_idx) == 1 and s_val[0] == 0.3
+    assert set(s_idx).isdisjoint(b_idx) and set(s_idx).isdisjoint(g_idx)
+    assert structured_features(post, None, n, 0.0, 0.3)[0].size == 0
+    assert structured_features(post, secret, n, 0.0, 0.0)[0].size == 0
+
+
+def test_structured_features_are_bounded_and_take_any_context():
+    """A hostile call (thousands of distinct words, a malformed JSON, a nested value) costs
+    at most MAX_STRUCTURED features of each kind and never raises."""
+    n = 1 << 12
+    huge = _call("shell.exec", cmd=" ".join(f"w{i}" for i in range(5000)))
+    hist = [_call("fs.read", path=f"/f{i}") for i in range(1000)]
+    idx, val = structured_features(huge, hist, n, 0.3, 0.3)
+    assert len(idx) == 2 * MAX_STRUCTURED and np.all((idx > 0) & (idx < n))
+    for context in ("rm -rf /", 'fs.read {"path": ', 'db.query {"sql": {"a": [1, 2]}}', ""):
+        idx, val = structured_features(context, ["not json", 'x {"path": 3}'], n, 0.3, 0.3)
+        assert np.all(np.isfinite(val)) and len(idx) == len(val)
+    # not MCP: the tool is the first word, the rest one argument: "-", "rf", "/"
+    assert len(structured_features("rm -rf /", None, n, 0.3, 0.0)[0]) == 3
+
+
+def test_source_batch_adds_the_structured_features_to_the_ngrams():
+    cfg = ModelConfig.tiny()
+    off = dataclasses.replace(cfg, wide_call_words=0.0, wide_history_cross=0.0)
+    items = [(_call("http.request", method="POST", url="https://a.io"),
+              [_call("fs.read", path="/w/.env")])]
+    on_b, off_b = source_batch(items, cfg), source_batch(items, off)
+    k = np.count_nonzero(off_b["wide_val"][0])
+    extra = structured_features(*items[0], cfg.wide_buckets, 0.3, 0.3)
+    np.testing.assert_array_equal(on_b["wide_idx"][0, :k], off_b["wide_idx"][0, :k])
+    np.testing.assert_array_equal(on_b["wide_idx"][0, k:k + len(extra[0])], extra[0])
 
 
 def test_adamw_steps_the_transformer_and_leaves_the_wide_path_alone():

@@ -1,0 +1,119 @@
+"""Which wide-path features and L2? A wide-only replay of the stream, beside the anchor.
+
+The daemon's wide path (engine/wide.py) is a linear learner over the source's features,
+stepped by `WideAdaGrad` on every signal. On a CPU it carries most decisions, so what it
+can express decides most of issue 10's figures. This script replays the realistic stream
+(gated.traffic, `--signals` with policy v1 -> v2 at `--switch-at`) through a wide-only
+learner (the transformer's logit held at 0, one update per signal, no lag: what the
+daemon's wide path is at best) for each setting of
+
+- ``words``: `ModelConfig.wide_call_words` (argument words keyed by tool and argument),
+- ``cross``: `ModelConfig.wide_history_cross` ((tool, method) x history entry's file),
+- ``l2``: `TrainConfig.wide_l2`,
+
+with features built by the daemon's own `source_batch`, beside the anchor (bench/anchor.py)
+on the same signals, and prints: how many 500-signal checkpoints it is ahead of the anchor
+(progressive, vs the TRUE label), the mean and the worst difference, and at two points
+(before the change, end) the held-out-value probes (accuracy, block recall, allow
+precision) and the history-rule pairs.
+
+    .venv/bin/python bench/bench_wide_features.py                 # the table in learning.md
+    .venv/bin/python bench/bench_wide_features.py --seeds 0 1 2 --grid 0.3,0.3,1e-3
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from anchor import HashedNgramLR, anchor_text, label_weight  # noqa: E402
+
+from gated.engine.config import ModelConfig  # noqa: E402
+from gated.engine.tokenizer import source_batch  # noqa: E402
+from gated.engine.wide import WideAdaGrad  # noqa: E402
+from gated.traffic import GatewayTraffic  # noqa: E402
+
+CHECK = 500
+#: (words, cross, l2): before (n-grams only, l2 1e-5), each change alone, and together
+DEFAULT_GRID = ["0,0,1e-5", "0,0,1e-3", "0.3,0,1e-5", "0.3,0,1e-3", "0,0.3,1e-3",
+                "0.3,0.3,1e-5", "0.3,0.3,1e-3", "0.5,0.3,1e-3", "0.3,0.5,1e-3",
+                "0.3,0.3,3e-3"]
+
+
+def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: int,
+           probes: int, points: tuple[int, ...]) -> dict:
+    cfg = dataclasses.replace(ModelConfig.preset("flint"), wide_call_words=words,
+                              wide_history_cross=cross)
+
+    def feats(context: str, history: list[str] | None) -> tuple[np.ndarray, np.ndarray]:
+        b = source_batch([(context, history)], cfg)
+        return b["wide_idx"][0], b["wide_val"][0]
+
+    wide = WideAdaGrad(np.zeros(cfg.wide_buckets), np.zeros(cfg.wide_buckets), scale=1.0,
+                       lr=0.5, l2=l2)
+    anchor = HashedNgramLR()
+    stream, probe_src = GatewayTraffic(seed=seed), GatewayTraffic(seed=seed)
+    right_w, right_a, at = [], [], {}
+    for i in range(n):
+        if i == switch_at:
+            stream.policy = probe_src.policy = "v2"
+        ev = stream.next()
+        s = ev.signal
+        f = feats(s["context"], s.get("history"))
+        text = anchor_text(s["context"], s.get("history"))
+        if not ev.is_correction:
+            right_w.append((wide.gradient(*f, 0.0, 1.0, 1.0)[2] >= 0) == ev.true_allow)
+            right_a.append((anchor.predict_proba(text) >= 0.5) == ev.true_allow)
+        y, w = label_weight(s)
+        wide.learn(*f, 0.0, y, w)
+        anchor.learn(text, y, w)
+        if i + 1 in points:
+            def z_of(events):
+                return np.array([wide.gradient(*feats(e.signal["context"], e.signal["history"]),
+                                               0.0, 1.0, 1.0)[2] for e in events])
+            unseen = probe_src.probes(probes, seed + 1000)
+            zu, yu = z_of(unseen), np.array([e.true_allow for e in unseen])
+            hist = probe_src.history_probes(200, seed + 1001)
+            zh, yh = z_of(hist), np.array([e.true_allow for e in hist])
+            at[i + 1] = {"unseen": np.mean((zu >= 0) == yu), "recall": np.mean(zu[~yu] < 0),
+                         "allow_prec": np.mean(yu[zu >= 0]),
+                         "history": np.mean((zh >= 0) == yh)}
+    g = np.array([np.mean(right_w[j - CHECK:j]) for j in range(CHECK, len(right_w) + 1, CHECK)])
+    a = np.array([np.mean(right_a[j - CHECK:j]) for j in range(CHECK, len(right_a) + 1, CHECK)])
+    return {"ahead": int(np.sum(g > a)), "checks": len(g), "mean": float(np.mean(g - a)),
+            "worst": float(np.min(g - a)), "at": at}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--grid", nargs="+", default=DEFAULT_GRID, metavar="WORDS,CROSS,L2")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0])
+    ap.add_argument("--signals", type=int, default=12000)
+    ap.add_argument("--switch-at", type=int, default=4000)
+    ap.add_argument("--probes", type=int, default=1000)
+    a = ap.parse_args()
+    points = (a.switch_at - 500, a.signals - 500)
+    print(f"| words | cross | l2 | seed | ahead of anchor | mean / worst diff | unseen "
+          f"@{points[0]} / @{points[1]} | block recall | allow precision | history rule |")
+    print("| ---: | ---: | ---: | ---: | ---: | --- | --- | --- | --- | --- |")
+    for spec in a.grid:
+        words, cross, l2 = (float(x) for x in spec.split(","))
+        for seed in a.seeds:
+            r = replay(words, cross, l2, seed, a.signals, a.switch_at, a.probes, points)
+            p0, p1 = (r["at"][p] for p in points)
+
+            def pair(k: str, p0=p0, p1=p1) -> str:
+                return f"{p0[k]:.3f} / {p1[k]:.3f}"
+            print(f"| {words:g} | {cross:g} | {l2:g} | {seed} | {r['ahead']}/{r['checks']} | "
+                  f"{r['mean']:+.4f} / {r['worst']:+.3f} | {pair('unseen')} | "
+                  f"{pair('recall')} | {pair('allow_prec')} | {pair('history')} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
