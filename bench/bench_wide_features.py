@@ -19,6 +19,7 @@ precision) and the history-rule pairs.
 
     .venv/bin/python bench/bench_wide_features.py                 # the table in learning.md
     .venv/bin/python bench/bench_wide_features.py --seeds 0 1 2 --grid 0.3,0.3,1e-3
+    .venv/bin/python bench/bench_wide_features.py --grid 0.3,0.3,1e-3 --lag 100
 """
 
 from __future__ import annotations
@@ -47,7 +48,10 @@ DEFAULT_GRID = ["0,0,1e-5", "0,0,1e-3", "0.3,0,1e-5", "0.3,0,1e-3", "0,0.3,1e-3"
 
 
 def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: int,
-           probes: int, points: tuple[int, ...]) -> dict:
+           probes: int, points: tuple[int, ...], lag: int = 1) -> dict:
+    """One setting's run; `lag` > 1 scores each signal with weights that have not yet
+    learned the previous `lag` - 1 (updates applied in groups of `lag`), as the daemon's
+    trainer scores a step's arrivals with the weights published before them."""
     cfg = dataclasses.replace(ModelConfig.preset("flint"), wide_call_words=words,
                               wide_history_cross=cross)
 
@@ -59,7 +63,7 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
                        lr=0.5, l2=l2)
     anchor = HashedNgramLR()
     stream, probe_src = GatewayTraffic(seed=seed), GatewayTraffic(seed=seed)
-    right_w, right_a, at = [], [], {}
+    right_w, right_a, at, pending = [], [], {}, []
     for i in range(n):
         if i == switch_at:
             stream.policy = probe_src.policy = "v2"
@@ -71,9 +75,16 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
             right_w.append((wide.gradient(*f, 0.0, 1.0, 1.0)[2] >= 0) == ev.true_allow)
             right_a.append((anchor.predict_proba(text) >= 0.5) == ev.true_allow)
         y, w = label_weight(s)
-        wide.learn(*f, 0.0, y, w)
+        pending.append((f, y, w))
+        if len(pending) >= lag:
+            for f_p, y_p, w_p in pending:
+                wide.learn(*f_p, 0.0, y_p, w_p)
+            pending = []
         anchor.learn(text, y, w)
         if i + 1 in points:
+            for f_p, y_p, w_p in pending:  # probes see everything streamed so far
+                wide.learn(*f_p, 0.0, y_p, w_p)
+            pending = []
             def z_of(events):
                 return np.array([wide.gradient(*feats(e.signal["context"], e.signal["history"]),
                                                0.0, 1.0, 1.0)[2] for e in events])
@@ -97,6 +108,7 @@ def main() -> None:
     ap.add_argument("--signals", type=int, default=12000)
     ap.add_argument("--switch-at", type=int, default=4000)
     ap.add_argument("--probes", type=int, default=1000)
+    ap.add_argument("--lag", type=int, default=1, help="signals scored before learning")
     a = ap.parse_args()
     points = (a.switch_at - 500, a.signals - 500)
     print(f"| words | cross | l2 | seed | ahead of anchor | mean / worst diff | unseen "
@@ -105,7 +117,7 @@ def main() -> None:
     for spec in a.grid:
         words, cross, l2 = (float(x) for x in spec.split(","))
         for seed in a.seeds:
-            r = replay(words, cross, l2, seed, a.signals, a.switch_at, a.probes, points)
+            r = replay(words, cross, l2, seed, a.signals, a.switch_at, a.probes, points, a.lag)
             p0, p1 = (r["at"][p] for p in points)
 
             def pair(k: str, p0=p0, p1=p1) -> str:
