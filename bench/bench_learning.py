@@ -166,11 +166,11 @@ def run(preset: str, lr: float, rate: float, n_signals: int, switch_at: int, see
                 a = anchored[n - CHECK_EVERY: n] if n >= CHECK_EVERY else anchored[:n]
                 deep_mean = float(np.mean([d for _, d, _ in parts[-CHECK_EVERY:]]))
 
-                def raw(items, deep_mean=deep_mean):
+                def logits_of(items, deep_mean=deep_mean):
                     sources = source_batch(items, cfg)
                     z, _, snap = serving.score_sources(sources)
                     return z, z - snap.model.wide_logit(sources), deep_mean
-                pr_g = probe.evaluate(lambda items: serving.predict_many(items)[0], raw)
+                pr_g = probe.evaluate(lambda items: serving.predict_many(items)[0], logits_of)
                 pr_a = probe.evaluate(lambda items: [anchor.predict_proba(anchor_text(c, h))
                                                      for c, h in items])
                 rows.append({
