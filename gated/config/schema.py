@@ -152,7 +152,7 @@ class TrainConfig:
     wide_l2: float = _opt(1e-3, "L2 penalty of the wide path's weights (1e-3: the sweep in "
                           "docs/learning.md; it is what lets unseen values fall back on "
                           "the shared features)", hot=True, lo=0.0)
-    wide_residual: bool = _opt(True, "the wide path learns the residual of the serving "
+    wide_residual: bool = _opt(False, "the wide path learns the residual of the serving "
                                "transformer's logit (true: one joint model); false: it "
                                "learns on its own, like a standalone logistic regression, "
                                "and only the transformer learns the residual of the other",
