@@ -219,3 +219,36 @@ def test_without_wide_residual_the_wide_path_is_a_standalone_learner(tmp_path):
         ref.learn(src["wide_idx"][i], src["wide_val"][i], 0.0, ex["label"], ex["weight"])
     np.testing.assert_array_equal(got[False], ref.w)
     assert not np.array_equal(got[True], ref.w)
+
+
+def test_history_crosses_let_the_wide_path_learn_which_read_makes_a_post_exfiltration():
+    """Rule 12 (an outbound POST or external mail after a project-secret read) on the
+    realistic stream: a wide-only AdaGrad learner over 2,500 signals, then the history
+    probes (the same outbound call after a secret read, TRUE block, and after a benign
+    config read, TRUE allow). The tiny preset's 32-byte source has no room for history,
+    so without crosses the two members of a pair are the same features; with them the
+    allow twin must score above the block member in nearly every pair."""
+    from gated.signals import label_and_weight
+    from gated.traffic import GatewayTraffic
+
+    def pair_gaps(cross: float) -> np.ndarray:
+        cfg = dataclasses.replace(ModelConfig.tiny(), wide_buckets=1 << 16,
+                                  wide_history_cross=cross)
+        learner = WideAdaGrad(np.zeros(cfg.wide_buckets), np.zeros(cfg.wide_buckets),
+                              scale=1.0, l2=1e-3)
+        stream = GatewayTraffic(seed=3)
+        events = [stream.next() for _ in range(2500)]
+        b = source_batch([(e.signal["context"], e.signal["history"]) for e in events], cfg)
+        for k, e in enumerate(events):
+            label, weight = label_and_weight(e.signal, 0)  # as the daemon derives them
+            learner.learn(b["wide_idx"][k], b["wide_val"][k], 0.0, label, weight)
+        probes = GatewayTraffic(seed=3).history_probes(200, 77)
+        assert [e.true_allow for e in probes[:2]] == [False, True]
+        b = source_batch([(e.signal["context"], e.signal["history"]) for e in probes], cfg)
+        z = np.array([learner.gradient(b["wide_idx"][k], b["wide_val"][k], 0.0, 1.0, 1.0)[2]
+                      for k in range(len(probes))])
+        return z[1::2] - z[0::2]  # allow twin minus block member
+
+    without, with_crosses = pair_gaps(0.0), pair_gaps(0.3)
+    np.testing.assert_allclose(without, 0.0, atol=1e-9)
+    assert np.mean(with_crosses > 0) >= 0.9 and with_crosses.mean() > 0.2
