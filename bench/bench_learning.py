@@ -87,7 +87,9 @@ class Probes:
         logits z, their transformer part, that part's mean on the stream's last 500) also
         the unseen probes decided by z >= 0 (before calibration: an unseen value's logit is
         near 0, so Platt's intercept can decide it) and by the wide part alone, the
-        transformer's held at its stream mean (does the transformer's part swing them?)."""
+        transformer's held at its stream mean (does the transformer's part swing them?).
+        With a standalone wide path (`wide_residual = false`) the wide part has its own
+        bias, so that mean shifts it: then the column is a diagnostic, not its decision."""
         unseen, hist = self.sets()
         items_u = [(e.signal["context"], e.signal.get("history")) for e in unseen]
         pu = predict(items_u)
