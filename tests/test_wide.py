@@ -113,6 +113,9 @@ def test_structured_features_are_bounded_and_take_any_context():
     hist = [_call("fs.read", path=f"/f{i}") for i in range(1000)]
     idx, val = structured_features(huge, hist, n, 0.3, 0.3)
     assert len(idx) == 2 * MAX_STRUCTURED and np.all((idx > 0) & (idx < n))
+    many_args = _call("shell.exec", **{f"a{k}": " ".join(f"w{i}" for i in range(300))
+                                       for k in range(5)})
+    assert len(structured_features(many_args, None, n, 0.3, 0.0)[0]) == MAX_STRUCTURED
     for context in ("rm -rf /", 'fs.read {"path": ', 'db.query {"sql": {"a": [1, 2]}}', ""):
         idx, val = structured_features(context, ["not json", 'x {"path": 3}'], n, 0.3, 0.3)
         assert np.all(np.isfinite(val)) and len(idx) == len(val)

@@ -126,10 +126,10 @@ def structured_features(context: str, history: Sequence[str] | None, buckets: in
         words: dict[str, None] = {}  # insertion-ordered set
         for key, value in args.items():
             text = value if isinstance(value, str) else json.dumps(value)
-            for w in _WORD.findall(text):
-                words.setdefault(f"w|{tool}|{key}|{w}")
+            for m in _WORD.finditer(text):
                 if len(words) >= MAX_STRUCTURED:
                     break
+                words.setdefault(f"w|{tool}|{key}|{m.group()}")
         if words:
             v = word_scale / np.sqrt(len(words))
             out += [(_bucket(w, buckets), v) for w in words]
@@ -142,7 +142,7 @@ def structured_features(context: str, history: Sequence[str] | None, buckets: in
             path = e_args.get("path")
             if isinstance(path, str) and path:
                 crosses.setdefault(key + e_tool + "|" + posixpath.basename(path.rstrip("/")))
-        out += [(_bucket(c, buckets), cross_scale) for c in list(crosses)[:MAX_STRUCTURED]]
+        out += [(_bucket(c, buckets), cross_scale) for c in crosses]  # <= MAX_STRUCTURED
     if not out:
         return np.zeros(0, np.int64), np.zeros(0, np.float64)
     return (np.fromiter((i for i, _ in out), np.int64, len(out)),
