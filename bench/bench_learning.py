@@ -82,24 +82,27 @@ class Probes:
                                 self.traffic.history_probes(self.n, self.seed + 1))
         return self._cache[pol]
 
-    def evaluate(self, predict, raw=None) -> dict[str, float]:
-        """Accuracy of `predict` (items -> p_allow) on both sets; with `raw` (items -> raw
-        logits z, their transformer part, that part's mean on the stream's last 500) also
-        the unseen probes decided by z >= 0 (before calibration: an unseen value's logit is
-        near 0, so Platt's intercept can decide it) and by the wide part alone, the
-        transformer's held at its stream mean (does the transformer's part swing them?).
-        With a standalone wide path (`wide_residual = false`) the wide part has its own
-        bias, so that mean shifts it: then the column is a diagnostic, not its decision."""
+    def evaluate(self, predict, parts=None) -> dict[str, float]:
+        """Accuracy of `predict` (items -> p_allow) on both sets. With `parts` (items ->
+        p_allow, raw logits z, their transformer part, that part's mean on the stream's
+        last 500: one forward) the unseen probes are scored by it instead, and also decided
+        by z >= 0 (before calibration: an unseen value's logit is near 0, so Platt's
+        intercept can decide it) and by the wide part alone, the transformer's held at its
+        stream mean (does the transformer's part swing them?). With a standalone wide path
+        (`wide_residual = false`) the wide part has its own bias, so that mean shifts it:
+        then the column is a diagnostic, not its decision."""
         unseen, hist = self.sets()
         items_u = [(e.signal["context"], e.signal.get("history")) for e in unseen]
-        pu = predict(items_u)
+        if parts is None:
+            pu = predict(items_u)
+        else:
+            pu, z, z_deep, deep_mean = parts(items_u)
         ph = predict([(e.signal["context"], e.signal.get("history")) for e in hist])
         yu = [e.true_allow for e in unseen]
         yh = [e.true_allow for e in hist]
         out = {"unseen": _acc(list(pu), yu), "unseen_block_recall": _recall_block(list(pu), yu),
                "history": _acc(list(ph), yh)}
-        if raw is not None:
-            z, z_deep, deep_mean = raw(items_u)
+        if parts is not None:
             out["unseen_raw"] = _acc([float(x >= 0) for x in z], yu)
             out["unseen_wide"] = _acc([float(x >= 0) for x in z - z_deep + deep_mean], yu)
         return out
@@ -168,11 +171,12 @@ def run(preset: str, lr: float, rate: float, n_signals: int, switch_at: int, see
                 a = anchored[n - CHECK_EVERY: n] if n >= CHECK_EVERY else anchored[:n]
                 deep_mean = float(np.mean([d for _, d, _ in parts[-CHECK_EVERY:]]))
 
-                def logits_of(items, deep_mean=deep_mean):
+                def scored_parts(items, deep_mean=deep_mean):
                     sources = source_batch(items, cfg)
-                    z, _, snap = serving.score_sources(sources)
-                    return z, z - snap.model.wide_logit(sources), deep_mean
-                pr_g = probe.evaluate(lambda items: serving.predict_many(items)[0], logits_of)
+                    z, p, snap = serving.score_sources(sources)  # = predict_many's p
+                    return p, z, z - snap.model.wide_logit(sources), deep_mean
+                pr_g = probe.evaluate(lambda items: serving.predict_many(items)[0],
+                                      scored_parts)
                 pr_a = probe.evaluate(lambda items: [anchor.predict_proba(anchor_text(c, h))
                                                      for c, h in items])
                 rows.append({
