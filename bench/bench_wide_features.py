@@ -64,6 +64,16 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
     anchor = HashedNgramLR()
     stream, probe_src = GatewayTraffic(seed=seed), GatewayTraffic(seed=seed)
     right_w, right_a, at, pending = [], [], {}, []
+
+    def flush() -> None:
+        for f_p, y_p, w_p in pending:
+            wide.learn(*f_p, 0.0, y_p, w_p)
+        pending.clear()
+
+    def z_of(events) -> np.ndarray:
+        return np.array([wide.gradient(*feats(e.signal["context"], e.signal["history"]),
+                                       0.0, 1.0, 1.0)[2] for e in events])
+
     for i in range(n):
         if i == switch_at:
             stream.policy = probe_src.policy = "v2"
@@ -77,17 +87,10 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
         y, w = label_weight(s)
         pending.append((f, y, w))
         if len(pending) >= lag:
-            for f_p, y_p, w_p in pending:
-                wide.learn(*f_p, 0.0, y_p, w_p)
-            pending = []
+            flush()
         anchor.learn(text, y, w)
         if i + 1 in points:
-            for f_p, y_p, w_p in pending:  # probes see everything streamed so far
-                wide.learn(*f_p, 0.0, y_p, w_p)
-            pending = []
-            def z_of(events):
-                return np.array([wide.gradient(*feats(e.signal["context"], e.signal["history"]),
-                                               0.0, 1.0, 1.0)[2] for e in events])
+            flush()  # probes see everything streamed so far
             unseen = probe_src.probes(probes, seed + 1000)
             zu, yu = z_of(unseen), np.array([e.true_allow for e in unseen])
             hist = probe_src.history_probes(200, seed + 1001)
