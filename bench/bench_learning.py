@@ -127,34 +127,58 @@ def run(preset: str, lr: float, rate: float, n_signals: int, switch_at: int, see
         clock, produced, steps, trained_examples = 0.0, 0, 0, 0
         next_check = CHECK_EVERY
         max_queue = 0
+
+        def produce(now: float) -> None:
+            """Append the signals due by virtual time `now` (the anchor sees each as it
+            arrives: it predicts, then learns)."""
+            nonlocal produced
+            due = min(n_signals, int(now * rate) + 1)
+            if due <= produced:
+                return
+            batch, evs = [], []
+            for _ in range(due - produced):
+                if produced == switch_at:
+                    traffic.policy = "v2"
+                    probe.traffic.policy = "v2"
+                ev = traffic.next()
+                evs.append(ev)
+                batch.append(ev.signal)
+                produced += 1
+                text = anchor_text(ev.signal["context"], ev.signal.get("history"))
+                if not ev.is_correction:
+                    anchored.append((anchor.predict_proba(text), ev.true_allow))
+                y, w = label_weight(ev.signal)
+                anchor.learn(text, y, w)
+            for ev, (seq, _dup) in zip(evs, store.append_signals(batch), strict=True):
+                events[seq] = ev
+
+        t0 = time.perf_counter()  # wall time at the start of the current train_on
+        step_clock = 0.0  # virtual time then
+
+        def virtual_now() -> float:
+            return step_clock + time.perf_counter() - t0
+        # The trainer times its swaps by the virtual clock (a real one would count the
+        # probes' evaluation and not the time the stream skips while the trainer is idle),
+        # and its turns (between the chunks of a step) see the signals that arrived so far
+        # in the step, as in the daemon, where the log fills while the trainer works.
+        trainer.use_clock(virtual_now)
+        trainer.before_turn = lambda: produce(virtual_now())
         while True:
-            due = min(n_signals, int(clock * rate) + 1)
-            if due > produced:
-                batch, evs = [], []
-                for _ in range(due - produced):
-                    if produced == switch_at:
-                        traffic.policy = "v2"
-                        probe.traffic.policy = "v2"
-                    ev = traffic.next()
-                    evs.append(ev)
-                    batch.append(ev.signal)
-                    produced += 1
-                    # the anchor: predict, then learn, on every signal as it arrives
-                    text = anchor_text(ev.signal["context"], ev.signal.get("history"))
-                    if not ev.is_correction:
-                        anchored.append((anchor.predict_proba(text), ev.true_allow))
-                    y, w = label_weight(ev.signal)
-                    anchor.learn(text, y, w)
-                for ev, (seq, _dup) in zip(evs, store.append_signals(batch), strict=True):
-                    events[seq] = ev
+            produce(clock)
             fresh = store.read_signals(trainer.status.last_trained_seq, settings.fresh_per_step)
-            if not fresh:
+            if not fresh and not trainer.candidates_waiting:
                 if produced >= n_signals:
                     break
-                clock = produced / rate
+                # idle until the next signal is due: the daemon's loop publishes meanwhile,
+                # as soon as a swap is due
+                arrival = produced / rate
+                t0 = time.perf_counter()
+                step_clock = max(clock, min(arrival, trainer.next_swap_at))
+                trainer.publish_if_due()
+                clock = max(arrival, virtual_now())
                 continue
-            t0 = time.perf_counter()
-            info = trainer.train_on(fresh)
+            t0, step_clock = time.perf_counter(), clock
+            info = trainer.train_on(fresh, turns=settings.wide_turns)
             clock += time.perf_counter() - t0
             steps += info is not None
             for seq, p, z, z_deep in trainer.last_scores:

@@ -175,3 +175,41 @@ def test_judging_takes_at_most_its_share_of_the_trainers_time(tmp_path):
     assert d.published and d.candidate == d.serving  # same weights, same slice
     assert promotion.JUDGE_TIME_SHARE <= 0.5
     store.close()
+
+
+def test_the_wide_paths_progress_is_judged_by_sparse_dots_not_held_back(tmp_path):
+    """Between two transformer steps a candidate differs from what serves only in its wide
+    weights: judging it runs a forward only for the held-back examples new to the slice,
+    so the rationing of expensive judgements does not delay it (it did: ~370 signals)."""
+    store, trainer, serving, events = _trained(tmp_path)
+    gate = trainer.promotion
+    trainer._steps_since_swap += 1
+    assert trainer._maybe_swap(force=True) is True  # judged in full, published
+    gate.judge_seconds, gate._judged_at = 3600.0, gate.clock()  # an expensive one just now
+    trainer.model.params["wide.w"][...] *= 1.01
+    trainer._wide_dirty = True
+    assert gate.due(trainer._deep_version, serving)
+    assert trainer._maybe_swap(force=False) is True
+
+    rows = []
+    real = type(serving.current).logits
+    def counting(snap, sources):
+        rows.append(len(sources["src"]))
+        return real(snap, sources)
+    type(serving.current).logits = counting
+    try:
+        before = {ex["seq"] for ex in gate.ring}
+        n = trainer.status.last_trained_seq
+        store.append_signals(_signals(16, start=1000))
+        trainer._take(store.read_signals(n, 16))  # scored, learnt by the wide path
+        new = [ex for ex in gate.ring if ex["seq"] not in before]
+        assert 0 < len(new) <= 8  # a forward of 2 x 8 rows at most: cheap
+        rows.clear()
+        version = trainer.status.version
+        assert gate.due(trainer._deep_version, serving)
+        assert trainer._maybe_swap(force=False) is True and trainer.status.version == version + 1
+    finally:
+        type(serving.current).logits = real
+    assert rows == [len(new)], "the serving model re-scored more than the new examples"
+    assert gate.judge_seconds == 3600.0  # a cheap judgement is not rationed
+    store.close()

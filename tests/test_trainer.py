@@ -169,3 +169,55 @@ def test_a_detected_drift_drops_stale_replay_and_is_reported(tmp_path):
     assert contexts == {"pkg.install reqeusts"} | {f"http.request GET n{i}" for i in range(5)}
     assert counts.drifts == [(22, 20)]
     store.close()
+
+
+def test_turns_between_chunks_take_and_publish_the_signals_that_arrive_during_a_step(tmp_path):
+    """`wide_turns`: a transformer step stops after each chunk; the signals appended to the
+    real log meanwhile are scored, learnt by the wide path and published mid-step (the
+    transformer's part of that publication is the one from before the step), and their
+    informative ones train in the next step."""
+    store, trainer, serving = _trainer(tmp_path, batch_size=16, step_chunk_rows=4,
+                                       swap_every_seconds=1e-6)
+    swaps: list[tuple[int, bool]] = []
+
+    class Events(TrainerEvents):
+        def on_swap(self, version: int) -> None:
+            swaps.append((version, trainer._in_step))
+    trainer.events = Events()
+    store.append_signals([_sig(f"fs.read src/{i}.py", "allow") for i in range(16)])
+    arrivals = [_sig(f"shell.exec rm -rf /srv/data{i}", "block") for i in range(6)]
+    deep = trainer.model.deep_size
+    at_first_turn: list[np.ndarray] = []
+
+    def arrive() -> None:  # what the daemon's log does while the trainer works
+        if not at_first_turn:
+            at_first_turn.append(trainer.model.flat.copy())
+            store.append_signals(arrivals)
+        else:
+            at_first_turn.append(None)
+    trainer.before_turn = arrive
+    trainer.train_on(store.read_signals(0, 16), turns=True)
+
+    assert len(at_first_turn) == 4  # 16 rows in chunks of 4
+    assert trainer.status.last_trained_seq == 22  # the arrivals were taken mid-step
+    assert {seq for seq, *_ in trainer.last_scores} == set(range(1, 23))
+    mid = [v for v, in_step in swaps if in_step]
+    assert mid, "the wide path's progress was published in the middle of the step"
+    published = store.load_published_version(mid[0])
+    np.testing.assert_array_equal(published[:deep], at_first_turn[0][:deep])
+    assert np.any(published[deep:] != at_first_turn[0][deep:])  # learnt the arrivals
+    assert np.any(trainer.model.flat[:deep] != at_first_turn[0][:deep])  # the step ran
+    assert trainer.status.step == 1 and trainer.candidates_waiting == 6
+    trainer.train_on([], turns=True)  # the next step trains them, not a replay-only one
+    assert trainer.status.step == 2 and trainer.candidates_waiting == 0
+    store.close()
+
+
+def test_without_turns_a_step_does_not_stop_for_new_signals(tmp_path):
+    store, trainer, _ = _trainer(tmp_path, batch_size=16, step_chunk_rows=4)
+    called = []
+    trainer.before_turn = lambda: called.append(1)
+    store.append_signals([_sig(f"fs.read src/{i}.py", "allow") for i in range(16)])
+    trainer.train_on(store.read_signals(0, 16))
+    assert not called and trainer.status.last_trained_seq == 16 and trainer.status.step == 1
+    store.close()

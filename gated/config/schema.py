@@ -152,6 +152,10 @@ class TrainConfig:
     wide_l2: float = _opt(1e-3, "L2 penalty of the wide path's weights (1e-3: the sweep in "
                           "docs/learning.md; it is what lets unseen values fall back on "
                           "the shared features)", hot=True, lo=0.0)
+    wide_turns: bool = _opt(True, "on the CPU, a transformer step stops after each of its "
+                            "chunks for the wide path to learn the signals that arrived "
+                            "meanwhile and publish them (predictions then wait ~1 s for a "
+                            "signal, not a whole step)", hot=True)
     wide_residual: bool = _opt(False, "the wide path learns the residual of the serving "
                                "transformer's logit (true: one joint model); false: it "
                                "learns on its own, like a standalone logistic regression, "

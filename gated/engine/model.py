@@ -6,6 +6,7 @@ pass in reverse order. All parameters live in one flat buffer (see layout.py).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -201,7 +202,8 @@ class Model:
         loss, _, _ = self._forward(batch, need_grads=True)
         return loss, self.grads
 
-    def loss_parts_and_grads(self, batch: dict[str, Any], chunk_rows: int | None = None
+    def loss_parts_and_grads(self, batch: dict[str, Any], chunk_rows: int | None = None,
+                             between_chunks: Callable[[], None] | None = None
                              ) -> tuple[float, dict[str, float]]:
         """Like loss_and_grads but returns the loss parts (for metrics); grads in grad_flat.
 
@@ -210,7 +212,12 @@ class Model:
         gradients add up in grad_flat. Each chunk's BCE is weighted by its share of the rows
         and its CE divided by the WHOLE batch's target-token count, so the loss and the
         gradient are the whole batch's (exact, up to float rounding), with less work spent
-        on PAD: a batch padded to its longest source pays for its longest row 16 times."""
+        on PAD: a batch padded to its longest source pays for its longest row 16 times.
+
+        `between_chunks` is called after each chunk: the trainer's turn to let the wide path
+        learn the signals that arrived meanwhile (daemon/trainer/loop.py). It must not
+        touch the transformer's weights; the wide weights it changes are an input of the
+        later chunks' logits, not a parameter this gradient is taken for."""
         b = int(np.asarray(batch["label"]).shape[0])
         if not chunk_rows or b <= chunk_rows:
             loss, parts, _ = self._forward(batch, need_grads=True)
@@ -225,6 +232,8 @@ class Model:
             total += loss
             for k, v in chunk_parts.items():
                 parts[k] = parts.get(k, 0.0) + v
+            if between_chunks is not None:
+                between_chunks()
         return total, parts
 
     def _forward(self, batch, need_grads: bool, share: float = 1.0,

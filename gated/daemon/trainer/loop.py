@@ -19,6 +19,7 @@ import logging
 import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -119,9 +120,18 @@ class Trainer(GpuFallback, threading.Thread):
         self._refusals = 0  # promotion refusals in a row
         self._deep_version = 0  # bumped whenever the transformer's weights change
         self._good = self._capture()
-        self._last_swap_time = time.monotonic()
+        #: the clock of the time-based decisions (swap cadence, the promotion gate's share
+        #: of time): the learning benchmark runs the trainer on its virtual clock
+        self.clock: Callable[[], float] = time.monotonic
+        self._last_swap_time = self.clock()
         self._steps_since_swap = 0
         self._last_ckpt_step = step
+        #: selective backprop's (rank, example) candidates not yet given to a step
+        self._candidates: list[tuple[float, dict]] = []
+        self._in_step = False  # a transformer step is between its chunks (`_turn`)
+        #: called at each turn before the log is read (the learning benchmark feeds the
+        #: signals of its virtual clock there); the daemon's log fills by itself
+        self.before_turn: Callable[[], None] | None = None
         self.apply_settings(settings)
 
     def _install(self, model: Model, opt_state: dict | None, ewc_state: dict | None) -> None:
@@ -148,6 +158,17 @@ class Trainer(GpuFallback, threading.Thread):
             model.ewc.fisher[...] = xp.asarray(ewc_state["fisher"])
             model.ewc.anchor[...] = xp.asarray(ewc_state["anchor"])
             model.ewc.consolidated = bool(np.asarray(ewc_state["consolidated"])[0])
+
+    def use_clock(self, clock: Callable[[], float]) -> None:
+        """Time the swap cadence and the promotion gate's share by `clock` (seconds)."""
+        self.clock = self.promotion.clock = clock
+        self._last_swap_time = clock()
+        self.promotion._judged_at = float("-inf")
+
+    @property
+    def candidates_waiting(self) -> int:
+        """Informative signals taken between a step's chunks, waiting for the next step."""
+        return len(self._candidates)
 
     # --- control from other threads --------------------------------------------------------
     def wake(self) -> None:
@@ -271,27 +292,70 @@ class Trainer(GpuFallback, threading.Thread):
                 self._wake.clear()
                 continue
             fresh = self.store.read_signals(self.status.last_trained_seq, s.fresh_per_step)
-            if fresh:
-                self.train_on(fresh)
+            if fresh or self._candidates:
+                self.train_on(fresh, turns=s.wide_turns)
                 continue
             if self._stop_event.is_set():
                 return
-            self._maybe_swap(force=False)
+            self.publish_if_due()
             now = time.monotonic()
             budget = s.idle_steps_per_second
             if budget > 0 and self.store.reservoir_size() > 0 and \
                     now - last_idle_step >= 1.0 / budget:
                 last_idle_step = now
-                self.train_on([])
+                self.train_on([], turns=s.wide_turns)
                 continue
             wait = 1.0 / budget - (now - last_idle_step) if budget > 0 else 1.0
             self._wake.wait(timeout=max(0.01, min(wait, s.swap_every_seconds, 1.0)))
             self._wake.clear()
 
-    def train_on(self, fresh: list[tuple[int, dict]]) -> dict | None:
-        """One step: score fresh signals, keep the informative ones, mix replay, train,
-        maybe swap and checkpoint."""
+    def train_on(self, fresh: list[tuple[int, dict]], turns: bool = False) -> dict | None:
+        """One step: take the fresh signals (scored, learnt by the wide path, kept for the
+        transformer when informative), mix replay, train, maybe swap and checkpoint.
+
+        With `turns` (the training loop's way on the CPU, `train.wide_turns`), the step
+        stops after each of its chunks to take the signals that arrived meanwhile (`_turn`):
+        the wide path learns them and is published seconds before the transformer's step
+        ends, so predictions do not wait for it. Their informative ones wait for the next
+        step (`_candidates`)."""
         s = self.settings
+        self.last_scores = []
+        pending = bool(self._candidates)
+        if fresh:
+            self._take(fresh)
+        chosen = self._choose()
+        # The wide path has just learned from every fresh signal: publish that before the
+        # transformer's step (seconds on a CPU), so predictions do not wait for it.
+        self._maybe_swap(force=False)
+        info = None
+        # Stopping (SIGTERM): no transformer step, which on a CPU would outlast the stop
+        # deadline; the wide path has learned these signals and they are in the reservoir,
+        # like the ones selective backprop skips.
+        stopping = self._stop_event.is_set()
+        replay_only = not fresh and not pending
+        if (chosen or replay_only) and not stopping:
+            # Caught up, a batch is replay_fraction replayed examples; behind, fresh signals
+            # take the replay slots first, so the trainer catches up instead of lagging more.
+            share = s.drift_replay_fraction if self.monitor.adapting else s.replay_fraction
+            n_replay = (s.batch_size if replay_only
+                        else min(round(s.batch_size * share), s.batch_size - len(chosen)))
+            replay = self.store.reservoir_sample(n_replay, self.rng) if n_replay > 0 else []
+            taken = {ex["seq"] for ex in chosen}  # already in the reservoir: not twice
+            replay = [ex for ex in replay if ex.get("seq") not in taken]
+            examples = chosen + self.latest.current(replay)
+            if examples:
+                info = self._step(examples, turns and self.model.ops.xp is np)
+        if info is not None or fresh:
+            self._maybe_swap(force=False)  # the wide path may have learned without a step
+        if info is not None:
+            if self.status.step - self._last_ckpt_step >= s.checkpoint_every_steps:
+                self.checkpoint()
+        return info
+
+    def _take(self, fresh: list[tuple[int, dict]]) -> None:
+        """What every fresh signal gets, in order: progressive validation on the serving
+        snapshot, the wide path's update, the promotion slice or the replay reservoir, and,
+        when informative, a place among the transformer's candidates."""
         # `seq` lets the reservoir skip a signal it was already offered (a restart re-trains
         # what came after the last checkpoint); `fp` lets a newer signal for the same call
         # supersede the stored one.
@@ -302,56 +366,52 @@ class Trainer(GpuFallback, threading.Thread):
             ex["held"] = self.promotion.holds(ex)
             if ex["feedback"] in CORRECTIONS:
                 self.promotion.relabel(ex["fp"], ex["label"])
-        chosen = self._score(fresh_examples) if fresh_examples else []
+        self._candidates += self._score(fresh_examples)
         self.promotion.add([ex for ex in fresh_examples if ex["held"]])
         self.latest.note(fresh_examples)
-        # The wide path has just learned from every fresh signal: publish that before the
-        # transformer's step (seconds on a CPU), so predictions do not wait for it.
-        self._maybe_swap(force=False)
-        info = None
-        # Stopping (SIGTERM): no transformer step, which on a CPU would outlast the stop
-        # deadline; the wide path has learned these signals and they go into the
-        # reservoir, like the ones selective backprop skips.
-        stopping = self._stop_event.is_set()
-        if (chosen or not fresh_examples) and not stopping:
-            # Caught up, a batch is replay_fraction replayed examples; behind, fresh signals
-            # take the replay slots first, so the trainer catches up instead of lagging more.
-            share = s.drift_replay_fraction if self.monitor.adapting else s.replay_fraction
-            n_replay = (min(round(s.batch_size * share), s.batch_size - len(chosen))
-                        if fresh_examples else s.batch_size)
-            replay = self.store.reservoir_sample(n_replay, self.rng) if n_replay > 0 else []
-            examples = chosen + self.latest.current(replay)
-            if examples:
-                info = self._step(examples)
-        if fresh:
-            self.status.last_trained_seq = fresh[-1][0]
-            self.store.reservoir_add([ex for ex in fresh_examples if not ex["held"]],
-                                     self.rng)
-        if info is not None or fresh:
-            self._maybe_swap(force=False)  # the wide path may have learned without a step
-        if info is not None:
-            if self.status.step - self._last_ckpt_step >= s.checkpoint_every_steps:
-                self.checkpoint()
-        return info
+        self.status.last_trained_seq = fresh[-1][0]
+        self.store.reservoir_add([ex for ex in fresh_examples if not ex["held"]], self.rng)
 
-    def _score(self, fresh: list[dict]) -> list[dict]:
+    def _turn(self) -> None:
+        """Between two chunks of a transformer step: take what arrived meanwhile and publish
+        the wide path's progress when a swap is due. The transformer's weights are
+        untouched in the middle of a step (AdamW updates them after the last chunk), so the
+        training weights are a whole candidate here, judged like any other."""
+        if self.before_turn is not None:
+            self.before_turn()
+        fresh = self.store.read_signals(self.status.last_trained_seq,
+                                        self.settings.fresh_per_step)
+        if fresh:
+            self._take(fresh)
+        self._maybe_swap(force=False)
+
+    def _choose(self) -> list[dict]:
+        """Selective backprop: at most one batch of the candidates, corrections first, then
+        the most informative; the others stay in the replay reservoir only."""
+        self._candidates.sort(key=lambda t: t[0])
+        chosen = [ex for _, ex in self._candidates[: self.settings.batch_size]]
+        self._candidates = []
+        if chosen:
+            self.report_alignment(backpropagated=len(chosen))
+        return chosen
+
+    def _score(self, fresh: list[dict]) -> list[tuple[float, dict]]:
         """Progressive validation of fresh examples on the serving snapshot, then selective
-        backprop: the examples worth a gradient, at most one batch.
+        backprop's candidates, ranked (lowest first).
 
         Candidates: every correction, every example the serving model gets wrong or is
         unsure of (calibrated probability of its label below `selective_confidence`), and a
         `selective_keep` sample of the rest, so the confident region keeps being rehearsed.
-        At most one batch is taken: corrections, then the most uncertain (p nearest 0.5;
-        after a drift, the most wrong). The skipped ones still enter the replay reservoir,
-        and the wide path has learned from all of them. On a 2-core CPU this is what lets
-        flint keep up with a gateway: most traffic is easy once learned.
+        A step takes at most one batch (`_choose`): corrections, then the most uncertain
+        (p nearest 0.5; after a drift, the most wrong). The skipped ones are in the replay
+        reservoir, and the wide path has learned from all of them. On a 2-core CPU this is
+        what lets flint keep up with a gateway: most traffic is easy once learned.
         """
         s = self.settings
         sources = source_batch([(e["context"], e["history"]) for e in fresh], self.model.cfg)
         z, p, snap = self.serving.score_sources(sources)
         z_deep = z - snap.model.wide_logit(sources)
         self._learn_wide(sources, z_deep, fresh)
-        self.last_scores = []
         hard: list[tuple[float, dict]] = []
         for zi, pi, zdi, ex in zip(z, p, z_deep, fresh, strict=True):
             self.last_scores.append((ex["seq"], float(pi), float(zi), float(zdi)))
@@ -373,10 +433,8 @@ class Trainer(GpuFallback, threading.Thread):
         a, b = self.monitor.calibrator.params
         if (a, b) != (self.serving.calibration.a, self.serving.calibration.b):
             self.serving.calibration = Calibration(a, b)
-        hard.sort(key=lambda t: t[0])  # corrections first, then the most informative
-        chosen = [ex for _, ex in hard[: s.batch_size]]
-        self.report_alignment(backpropagated=len(chosen))
-        return chosen
+        self.report_alignment()
+        return hard
 
     def _learn_wide(self, sources: dict, z_deep: np.ndarray, fresh: list[dict]) -> None:
         """The wide path learns from every fresh signal, in order, at once: AdaGrad with
@@ -416,13 +474,15 @@ class Trainer(GpuFallback, threading.Thread):
         self.events.on_scored(self.window, self.converged(), self.monitor.stats(),
                               backpropagated)
 
-    def _step(self, examples: list[dict]) -> dict | None:
+    def _step(self, examples: list[dict], turns: bool = False) -> dict | None:
         t0 = time.perf_counter()
         self.model.ewc.lam = 0.0 if self.monitor.adapting else self.settings.lambda_ewc
         batch = build_batch(examples, self.model.cfg)
         try:
+            self._in_step = turns
             info = train_step(self.model, self.opt, batch,
-                              chunk_rows=self.settings.step_chunk_rows or None)
+                              chunk_rows=self.settings.step_chunk_rows or None,
+                              between_chunks=self._turn if turns else None)
             finite = bool(info["finite"]) and self.model.ops.all_finite(self.model.flat)
         except Exception as e:
             # The examples are not retried: the fresh ones are in the replay reservoir,
@@ -430,6 +490,8 @@ class Trainer(GpuFallback, threading.Thread):
             if not self._gpu_error(e, "a training step"):
                 raise
             return None
+        finally:
+            self._in_step = False
         self._gpu_failures = 0
         if not finite:
             self._rollback("non-finite loss, gradient or weights")
@@ -472,6 +534,16 @@ class Trainer(GpuFallback, threading.Thread):
                     self.status.version)
         self.events.on_rollback(why)
 
+    @property
+    def next_swap_at(self) -> float:
+        """When (by `clock`) the swap cadence next allows a publication."""
+        return self._last_swap_time + self.settings.swap_every_seconds
+
+    def publish_if_due(self) -> bool:
+        """Idle (nothing fresh to take): publish what the wide path learned, if a swap is
+        due and the promotion gate agrees."""
+        return self._maybe_swap(force=False)
+
     def publish_now(self) -> bool:
         """Publish the training weights now, changed or not (a fresh start or --reinit:
         the stored published version must be what this trainer scores with). Not judged
@@ -491,8 +563,9 @@ class Trainer(GpuFallback, threading.Thread):
         self._refusals += 1
         log.warning("promotion gate: candidate NOT published (%s); serving keeps version %d "
                     "(refusal %d in a row)", d.reason, self.status.version, self._refusals)
-        self._last_swap_time = time.monotonic()  # judge again after the next interval
-        if self._refusals >= self.settings.promotion_max_refusals:
+        self._last_swap_time = self.clock()  # judge again after the next interval
+        if self._refusals >= self.settings.promotion_max_refusals and not self._in_step:
+            # (in the middle of a step the rollback waits for the step's own swap)
             self._refusals = 0
             self._rollback(f"promotion gate refused {self.settings.promotion_max_refusals} "
                            "candidates in a row")
@@ -503,13 +576,14 @@ class Trainer(GpuFallback, threading.Thread):
             return False
         s = self.settings
         due = (self._steps_since_swap >= s.swap_every_steps
-               or time.monotonic() - self._last_swap_time >= s.swap_every_seconds)
+               or self.clock() - self._last_swap_time >= s.swap_every_seconds)
         if not (due or force):
             return False
         if not self.model.ops.all_finite(self.model.flat):
-            self._rollback("non-finite weights at swap")
+            if not self._in_step:  # else after the step, which checks its weights
+                self._rollback("non-finite weights at swap")
             return False
-        if judge and not (force or self.promotion.due()):
+        if judge and not (force or self.promotion.due(self._deep_version, self.serving)):
             return False  # judging would take more than its share of the trainer's time
         if judge and not self._promoted():
             return False
@@ -528,7 +602,7 @@ class Trainer(GpuFallback, threading.Thread):
             self.model.ewc.consolidate(self.model.flat)
         self._steps_since_swap = 0
         self._wide_dirty = False
-        self._last_swap_time = time.monotonic()
+        self._last_swap_time = self.clock()
         self.events.on_swap(version)
         return True
 

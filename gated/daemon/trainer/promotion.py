@@ -12,14 +12,19 @@ are scored on that slice; the candidate is refused only if its alignment (sign o
 logit vs the label) is below the serving one's by more than `promotion_margin` AND the
 difference is significant (paired: of the signals the two disagree on, the candidate
 loses more than it wins by over two standard errors, McNemar).
-Scoring cost is bounded: the serving snapshot's logits are cached per version (a
-published candidate's logits become the new serving version's: the same weights, so
-publishing costs no second forward), the candidate's transformer logits per optimiser
-step (its wide logit is a sparse dot, recomputed each time), and judging may take at most
-`JUDGE_TIME_SHARE` of the trainer's time: after a judgement that took J seconds the next
-one waits J / JUDGE_TIME_SHARE. On a GPU or with the tiny preset that is milliseconds; on
-a 2-core CPU flint's 200-signal slice is seconds of forward passes, and judging at every
-1-second swap starved training (measured: the queue grew from ~7,700 signals on).
+Scoring cost is bounded: logits are cached per held-back example -- the serving
+snapshot's per version (a published candidate's logits become the new serving version's:
+the same weights, so publishing costs no second forward), the candidate's transformer
+logits per optimiser step (its wide logit is a sparse dot, recomputed each time) -- so a
+judgement runs a forward only for what changed: the examples new to the slice (a few per
+second), or the whole slice after a transformer step. A judgement with a forward of more
+than `CHEAP_ROWS` rows may take at most `JUDGE_TIME_SHARE` of the trainer's time: after
+one that took J seconds the next waits J / JUDGE_TIME_SHARE. On a 2-core CPU flint's
+200-signal slice is seconds of forward passes, and judging at every 1-second swap starved
+training (measured: the queue grew from ~7,700 signals on); but the wide path's progress
+between two transformer steps is judged by sparse dots and is not held back by that
+wait (it was: with the whole slice re-scored whenever a held-back signal joined it,
+publications came every ~370 signals; measured, docs/learning.md).
 With fewer than `promotion_min_holdout` held-back examples the gate lets everything
 through (there is nothing to judge on yet). After a detected drift the slice is dropped:
 it holds the old policy's labels.
@@ -29,6 +34,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +45,7 @@ from ...engine.infer import InferencePlan
 from ...signals import CORRECTIONS
 
 JUDGE_TIME_SHARE = 0.1  # the most of the trainer's time judging may take
+CHEAP_ROWS = 16  # a judgement with a forward of at most this many rows is not rationed
 
 
 @dataclass
@@ -64,13 +71,16 @@ class PromotionGate:
         self.ring: deque[dict] = deque(maxlen=max(1, size))
         self.size = size
         self.last: PromotionDecision | None = None
-        self._serving_cache: tuple[int, int, np.ndarray] | None = None  # version, gen, z
-        self._deep_cache: tuple[int, int, np.ndarray] | None = None  # step, gen, z_deep
+        #: logits per held-back example (by seq): the serving snapshot's, of `version`,
+        #: and the candidate transformer's, at optimiser step `step`
+        self._z_serving: tuple[int, dict[int, float]] = (-1, {})
+        self._z_deep: tuple[int, dict[int, float]] = (-1, {})
         self._gen = 0  # bumped whenever the slice changes
-        self._sources: tuple[int, dict, np.ndarray] | None = None
-        self._candidate: tuple[int, np.ndarray] | None = None  # gen, z of the last judged
+        self._sources: tuple[int, dict, np.ndarray, list[int]] | None = None
+        self._candidate: tuple[int, dict[int, float]] | None = None  # gen, z of the last judged
         self.judge_seconds = 0.0  # what the last judgement cost
         self._judged_at = float("-inf")
+        self.clock: Callable[[], float] = time.monotonic  # the trainer's (see there)
 
     @property
     def enabled(self) -> bool:
@@ -104,18 +114,29 @@ class PromotionGate:
         self.ring.clear()
         self._gen += 1
 
-    def due(self) -> bool:
-        """May a candidate be judged now, within JUDGE_TIME_SHARE of the trainer's time?
-        (Always, while the slice is too small to judge on.)"""
+    def due(self, step: int | None = None, serving: Any = None) -> bool:
+        """May a candidate (transformer at optimiser step `step`) be judged now? Always
+        while the slice is too small to judge on, or when the judgement needs a forward of
+        at most CHEAP_ROWS rows; else within JUDGE_TIME_SHARE of the trainer's time."""
         if not self.enabled or len(self.ring) < self.min_examples:
             return True
-        return time.monotonic() - self._judged_at >= self.judge_seconds / JUDGE_TIME_SHARE
+        if step is not None and serving is not None:
+            seqs = [ex["seq"] for ex in self.ring]
+            if self._missing(seqs, step, serving.current.version) <= CHEAP_ROWS:
+                return True
+        return self.clock() - self._judged_at >= self.judge_seconds / JUDGE_TIME_SHARE
+
+    def _missing(self, seqs: list[int], step: int, version: int) -> int:
+        """Rows a judgement would have to run forward now."""
+        deep = self._z_deep[1] if self._z_deep[0] == step else {}
+        serve = self._z_serving[1] if self._z_serving[0] == version else {}
+        return sum(q not in deep for q in seqs) + sum(q not in serve for q in seqs)
 
     def published(self, version: int) -> None:
         """The last judged candidate now serves as `version`: its logits on the slice are
         the serving ones (same weights), so the next judgement needs no serving forward."""
         if self._candidate is not None and self._candidate[0] == self._gen:
-            self._serving_cache = (version, self._gen, self._candidate[1])
+            self._z_serving = (version, dict(self._candidate[1]))
 
     def judge(self, model: Any, step: int, serving: Any) -> PromotionDecision:
         """Compare the training model (at optimiser step `step`) with the serving snapshot
@@ -126,13 +147,15 @@ class PromotionGate:
                                           f"fewer than {self.min_examples} held-back "
                                           "examples: not judged")
             return self.last
-        t0 = time.monotonic()
-        sources, labels = self._slice(model.cfg)
+        t0 = self.clock()
+        sources, labels, seqs = self._slice(model.cfg)
+        rows = self._missing(seqs, step, serving.current.version)
         z_serve = self._serving_logits(serving, sources)
         z_cand = self._deep_logits(model, step, sources) + model.wide_logit(sources)
-        self._candidate = (self._gen, z_cand)
-        self._judged_at = time.monotonic()
-        self.judge_seconds = self._judged_at - t0
+        self._candidate = (self._gen, dict(zip(seqs, z_cand.tolist(), strict=True)))
+        if rows > CHEAP_ROWS:  # only a judgement with a real forward is rationed
+            self._judged_at = self.clock()
+            self.judge_seconds = self._judged_at - t0
         right_c, right_s = (z_cand >= 0) == labels, (z_serve >= 0) == labels
         cand, serve = float(np.mean(right_c)), float(np.mean(right_s))
         # Paired (McNemar): only the signals the two models disagree on tell them apart.
@@ -149,29 +172,39 @@ class PromotionGate:
         self.last = PromotionDecision(ok, cand, serve, n, why)
         return self.last
 
-    def _slice(self, cfg: Any) -> tuple[dict, np.ndarray]:
-        """The slice's `source_batch` and labels, rebuilt only when the slice changed."""
+    def _slice(self, cfg: Any) -> tuple[dict, np.ndarray, list[int]]:
+        """The slice's `source_batch`, labels and seqs, rebuilt only when it changed."""
         if self._sources is None or self._sources[0] != self._gen:
             items = list(self.ring)
             self._sources = (self._gen,
                              source_batch([(e["context"], e["history"]) for e in items], cfg),
-                             np.array([e["label"] >= 0.5 for e in items]))
-        return self._sources[1], self._sources[2]
+                             np.array([e["label"] >= 0.5 for e in items]),
+                             [e["seq"] for e in items])
+        return self._sources[1], self._sources[2], self._sources[3]
+
+    def _cached(self, cache: tuple[int, dict[int, float]], key: int, sources: dict,
+                forward: Any) -> tuple[tuple[int, dict[int, float]], np.ndarray]:
+        """Logits of the slice from `cache` (valid for `key`), running `forward` on the
+        rows it lacks; the new cache keeps only the slice's examples."""
+        seqs = self._sources[3]
+        known = cache[1] if cache[0] == key else {}
+        todo = [i for i, q in enumerate(seqs) if q not in known]
+        fresh: dict[int, float] = {}
+        if todo:
+            part = {k: np.asarray(v)[todo] for k, v in sources.items()}
+            fresh = dict(zip((seqs[i] for i in todo), forward(part).tolist(), strict=True))
+        z = {q: known[q] if q in known else fresh[q] for q in seqs}
+        return (key, z), np.array([z[q] for q in seqs], dtype=np.float64)
 
     def _serving_logits(self, serving: Any, sources: dict) -> np.ndarray:
         snap = serving.current
-        c = self._serving_cache
-        if c is None or c[0] != snap.version or c[1] != self._gen:
-            c = (snap.version, self._gen, snap.logits(sources))
-            self._serving_cache = c
-        return c[2]
+        self._z_serving, z = self._cached(self._z_serving, snap.version, sources, snap.logits)
+        return z
 
     def _deep_logits(self, model: Any, step: int, sources: dict) -> np.ndarray:
-        c = self._deep_cache
-        if c is None or c[0] != step or c[1] != self._gen:
-            deep = {k: v for k, v in sources.items() if not k.startswith("wide_")}
+        def forward(part: dict) -> np.ndarray:
             on_cpu = getattr(model.ops, "name", "numpy") == "numpy"
-            z = (InferencePlan(model) if on_cpu else model).predict_z(deep)
-            c = (step, self._gen, z)
-            self._deep_cache = c
-        return c[2]
+            plan = InferencePlan(model) if on_cpu else model
+            return plan.predict_z({k: v for k, v in part.items() if not k.startswith("wide_")})
+        self._z_deep, z = self._cached(self._z_deep, step, sources, forward)
+        return z
