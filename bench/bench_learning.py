@@ -264,17 +264,24 @@ def _row_text(r: dict) -> str:
             f"{r['probe_unseen_anchor']:.3f} | {r.get('probe_unseen_raw', float('nan')):.3f} / "
             f"{r.get('probe_unseen_wide', float('nan')):.3f} | "
             f"{r['probe_history']:.3f} / "
-            f"{r['probe_history_anchor']:.3f} | {r['ece']:.3f} | {r['queue']} | "
+            f"{r['probe_history_anchor']:.3f} | {r['ece']:.3f} | "
+            f"{r['probe_unseen_block_recall']:.2f} | {_share(r):.2f} | {r['queue']} | "
             f"{r['virtual_s']} |")
+
+
+def _share(r: dict) -> float:
+    """The transformer's share of the served logit, (a + d) / a (online/calibration.py)."""
+    return (r["calibration_a"] + r.get("calibration_d", 0.0)) / r["calibration_a"]
 
 
 TABLE_HEAD = ("| ordinary signals scored | policy | gated, last 500 vs TRUE | anchor, last 500 | "
               "gated before calibration | wide part / transformer part, the other at its mean | "
               "gated block recall | unseen-value probes gated / "
               "anchor | unseen, gated before calibration / wide part alone | history-rule "
-              "probes gated / anchor | ECE (vs signal labels) | queue | virtual s |\n"
+              "probes gated / anchor | ECE (vs signal labels) | block recall on unseen | "
+              "transformer's share | queue | virtual s |\n"
               "| ---: | --- | ---: | ---: | ---: | --- | ---: | --- | ---: | --- | ---: | ---: "
-              "| ---: |")
+              "| ---: | ---: | ---: |")
 
 
 def summary(r: dict) -> list[str]:

@@ -71,7 +71,7 @@ def test_platt_keeps_the_identity_when_a_stale_fit_would_hurt_the_newest_pairs()
         y = float(rng.random() < 1 / (1 + np.exp(-(z - shift))))
         cal.update(z, y)
     cal.fit()
-    assert cal.params == (1.0, 0.0)
+    assert cal.params == (1.0, 0.0, 0.0)
     # ...while a miscalibration that persists into the newest pairs is still corrected
     cal2 = PlattCalibrator(size=2000, refit_every=10**9, min_samples=1)
     for _ in range(2000):
@@ -93,7 +93,7 @@ def test_a_correction_relabels_the_calibration_pairs_of_its_call():
 
 def test_platt_is_identity_until_it_has_data_and_never_inverts_the_gate():
     cal = PlattCalibrator(min_samples=200)
-    assert cal.params == (1.0, 0.0) and float(cal(0.0)) == 0.5
+    assert cal.params == (1.0, 0.0, 0.0) and float(cal(0.0)) == 0.5
     for _ in range(300):  # labels opposite to the logit: the fit would want a < 0
         cal.update(3.0, 0.0)
         cal.update(-3.0, 1.0)
@@ -215,3 +215,56 @@ def test_forget_before_drops_old_ordinary_examples_and_keeps_corrections(tmp_pat
     store.reservoir_add([_ex("new 3", 1.0, 200)], rng)
     assert _held(store)[("new 3", ())] == (1.0, False) and store.reservoir_size() == 11
     store.close()
+
+
+def _two_part_fit(deep_weight: float, seed: int = 0) -> PlattCalibrator:
+    """Pairs whose label follows z_wide + deep_weight * z_deep, with z = z_wide + z_deep."""
+    rng = np.random.default_rng(seed)
+    zw, zd = rng.normal(0, 3, 4000), rng.normal(0, 2, 4000)
+    y = (rng.random(4000) < 1 / (1 + np.exp(-(zw + deep_weight * zd)))).astype(float)
+    cal = PlattCalibrator(size=4000, refit_every=10**9, min_samples=1)
+    for w, d, yi in zip(zw, zd, y, strict=True):
+        cal.update(w + d, yi, z_deep=d)
+    cal.fit()
+    return cal
+
+
+def test_the_transformers_share_is_what_its_part_earns_on_the_stream():
+    """A transformer part that is noise is discounted to nothing (d = -a); one that is
+    the signal keeps its share (d = 0); one worth more than its weight is not amplified."""
+    noise = _two_part_fit(0.0)
+    assert abs(noise.a - 1.0) < 0.1 and abs(noise.d + noise.a) < 0.05
+    rng = np.random.default_rng(1)
+    zw, zd = rng.normal(0, 3, 2000), rng.normal(0, 2, 2000)
+    y = (rng.random(2000) < 1 / (1 + np.exp(-zw))).astype(float)
+    def logloss(p):
+        return -np.mean(y * np.log(p) + (1 - y) * np.log1p(-p))
+    assert logloss(noise(zw + zd, zd)) < logloss(1 / (1 + np.exp(-(zw + zd)))) - 0.05
+    signal = _two_part_fit(1.0)
+    assert abs(signal.a - 1.0) < 0.1 and -0.1 < signal.d <= 0.0
+    assert _two_part_fit(2.0).d == 0.0  # clipped: never more than its own weight
+    half = _two_part_fit(0.5)
+    assert -0.65 < half.d / half.a < -0.35  # share ~0.5
+
+
+def test_served_probability_discounts_the_transformers_part_by_its_share():
+    """serving.Calibration.of: with d = -a the served logit is the wide part's alone."""
+    from gated.daemon.serving import Calibration
+    from gated.engine import Model, ModelConfig, source_batch
+
+    cfg = ModelConfig.tiny()
+    model = Model.init(cfg, seed=0)
+    rng = np.random.default_rng(0)
+    model.params["wide.w"][...] = rng.normal(0, 0.5, model.params["wide.w"].shape)
+    model.params["gate.w"][...] = rng.normal(0, 0.5, model.params["gate.w"].shape)
+    src = source_batch([("fs.read {\"path\": \"a.py\"}", None),
+                        ("shell.exec {\"cmd\": \"rm -rf /\"}", ["fs.read .env"])], cfg)
+    z = model.predict_z(src)
+    wide = model.wide_logit(src)
+    assert np.all(np.abs(z - wide) > 1e-3)  # the transformer's part is not nothing
+    np.testing.assert_allclose(Calibration(1.0, 0.0, -1.0).of(z, src, model),
+                               1 / (1 + np.exp(-wide)), rtol=1e-9)
+    np.testing.assert_allclose(Calibration(2.0, 0.5, -1.0).of(z, src, model),
+                               1 / (1 + np.exp(-(2 * wide + z - wide + 0.5))), rtol=1e-9)
+    np.testing.assert_allclose(Calibration(2.0, 0.5).of(z, src, model),
+                               1 / (1 + np.exp(-(2 * z + 0.5))), rtol=1e-9)

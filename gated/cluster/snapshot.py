@@ -2,7 +2,7 @@
 
     b"GSNP" | u32 header length (little endian) | msgpack header | float32 weights
 
-The header holds ``format`` (1), ``version``, ``step``, ``calibration`` ([a, b] or
+The header holds ``format`` (1), ``version``, ``step``, ``calibration`` ([a, b, d] or
 None), ``layout`` (the model's layout fingerprint: preset fingerprint and parameter
 count), ``dtype`` ("<f4"), ``n`` (parameters), ``sha256`` (hex, of the weight bytes) and
 ``published_at`` (unix seconds). The KV key names the object and repeats version, layout
@@ -45,7 +45,7 @@ def object_name(version: int) -> str:
 class Decoded:
     version: int
     step: int
-    calibration: tuple[float, float] | None
+    calibration: tuple[float, ...] | None  # (a, b) or (a, b, d): serving.Calibration
     flat: np.ndarray
     header: dict[str, Any]
 
@@ -105,4 +105,4 @@ def decode(blob: bytes | bytearray | memoryview, pointer: dict[str, Any],
         raise SnapshotError("non-finite weights")
     cal = header.get("calibration")
     return Decoded(int(header["version"]), int(header.get("step", 0)),
-                   (float(cal[0]), float(cal[1])) if cal else None, flat, header)
+                   tuple(float(x) for x in cal[:3]) if cal else None, flat, header)

@@ -168,9 +168,12 @@ class Metrics:
                                        "served p_allow over the alignment window",
                                        registry=r)
         self.calibration_platt = Gauge("gated_calibration_platt", "Platt scaling in use: "
-                                       "p_allow = sigmoid(a z + b)", ["param"], registry=r)
+                                       "p_allow = sigmoid(a z + d z_deep + b); the "
+                                       "transformer's share of the logit is (a + d) / a",
+                                       ["param"], registry=r)
         self.calibration_platt.labels(param="a").set(1.0)  # identity until fitted
         self.calibration_platt.labels(param="b").set(0.0)
+        self.calibration_platt.labels(param="d").set(0.0)
         self.drift_detections = Counter("gated_drift_detections", "Policy changes detected "
                                         "(Page-Hinkley on the progressive error stream)",
                                         registry=r)
@@ -389,6 +392,7 @@ class Metrics:
         self.calibration_brier.set(stats.get("brier", 0.0))
         self.calibration_platt.labels(param="a").set(stats.get("calibration_a", 1.0))
         self.calibration_platt.labels(param="b").set(stats.get("calibration_b", 0.0))
+        self.calibration_platt.labels(param="d").set(stats.get("calibration_d", 0.0))
         self.drift_adapting.set(stats.get("adapting", 0.0))
         if backpropagated:
             self.backpropagated.inc(backpropagated)

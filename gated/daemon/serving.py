@@ -40,15 +40,27 @@ class Bands:
 
 @dataclass(frozen=True)
 class Calibration:
-    """p_allow = sigmoid(a z + b) over the gate logit z: Platt scaling, fitted by the
-    trainer on the progressive-validation stream (gated.online.calibration) and swapped
-    in by one reference assignment, like the weights."""
+    """p_allow = sigmoid(a z + d z_deep + b) over the gate logit z and its transformer
+    part z_deep: Platt scaling with the transformer's share, fitted by the trainer on the
+    progressive-validation stream (gated.online.calibration) and swapped in by one
+    reference assignment, like the weights."""
 
     a: float = 1.0
     b: float = 0.0
+    d: float = 0.0
 
-    def __call__(self, z: np.ndarray) -> np.ndarray:
-        return 0.5 * (1.0 + np.tanh(0.5 * (self.a * np.asarray(z, np.float64) + self.b)))
+    def __call__(self, z: np.ndarray, z_deep: np.ndarray | float = 0.0) -> np.ndarray:
+        u = self.a * np.asarray(z, np.float64) + self.b
+        if self.d:
+            u = u + self.d * np.asarray(z_deep, np.float64)
+        return 0.5 * (1.0 + np.tanh(0.5 * u))
+
+    def of(self, z: np.ndarray, sources: dict, model: Model) -> np.ndarray:
+        """Calibrated p_allow of logits `z` that `model` gave for `sources` (the wide
+        part, a sparse dot, is subtracted only when the transformer's share is in use)."""
+        if not self.d:
+            return self(z)
+        return self(z, np.asarray(z, np.float64) - model.wide_logit(sources))
 
 
 @dataclass(frozen=True)
@@ -182,7 +194,7 @@ class Serving:
         """`score_many` for a `source_batch` the caller already built."""
         snap, cal = self.current, self.calibration
         z = snap.logits(sources)
-        return z, cal(z), snap
+        return z, cal.of(z, sources, snap.model), snap
 
     def predict_many(self, items: Sequence[tuple[str, Sequence[str] | None]]
                      ) -> tuple[np.ndarray, Snapshot]:
@@ -208,7 +220,10 @@ class Serving:
         snap, cal = self.current, self.calibration
         src = source_batch([(context, history)], self.cfg)
         p_raw, reason = snap.model.predict_and_decode(src, max_len=max_len)
-        p = float(cal(np.log(p_raw) - np.log1p(-p_raw))) if 0.0 < p_raw < 1.0 else p_raw
+        if 0.0 < p_raw < 1.0:
+            p = float(cal.of(np.array([np.log(p_raw) - np.log1p(-p_raw)]), src, snap.model)[0])
+        else:
+            p = p_raw
         return {"p_allow": p, "band": self.bands.of(p), "reason": reason,
                 "version": snap.version}
 

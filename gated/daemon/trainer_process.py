@@ -104,7 +104,7 @@ class PipeEvents:
     def on_swap(self, version: int) -> None:
         cal = self.trainer.serving.calibration if self.trainer is not None else None
         self._send("swap", {"version": version,
-                            "calibration": None if cal is None else (cal.a, cal.b)})
+                            "calibration": None if cal is None else (cal.a, cal.b, cal.d)})
 
     def on_rollback(self, reason: str) -> None:
         self._send("rollback", reason)

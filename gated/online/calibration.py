@@ -4,8 +4,19 @@ The gate's raw probability is trained on weighted, class-imbalanced, selectively
 back-propagated batches, so it need not mean what it says. `PlattCalibrator` keeps the
 last `size` (logit, label) pairs that progressive validation produced -- each scored by
 the serving model BEFORE it trained on that signal, so the fit is out-of-sample -- and
-refits p = sigmoid(a z + b) by Newton's method every `refit_every` new pairs. Two
-parameters, a few thousand points: exact and cheap. Bands use the calibrated value.
+refits p = sigmoid(a z + b) by Newton's method every `refit_every` new pairs. Bands use
+the calibrated value.
+
+The map also weighs the transformer's part of the logit: p = sigmoid(a z + d z_deep + b),
+with d in [-a, 0], so the served logit is a (z_wide + s z_deep) + b with the transformer's
+share s = (a + d) / a in [0, 1] -- what its part earns on the same out-of-sample stream
+(stacking). Why (measured, docs/learning.md "The transformer's share"): on a 2-core CPU
+flint's transformer gets a few hundred steps in 12,000 signals; fitted freely, its
+coefficient came out at -0.26..+0.37 around a ~0.5-0.9, i.e. its part added nothing on
+the stream, while on calls with values never seen it swung the decision (unseen-value
+probes 0.62-0.72 where the wide path alone had 0.84-0.89). A transformer that has learned
+more (a GPU, a longer run) earns its share back. Three parameters, a few thousand
+points: exact and cheap.
 """
 
 from __future__ import annotations
@@ -15,8 +26,8 @@ from collections import deque
 
 import numpy as np
 
-#: (a, b) of the identity map, the ridge's centre and the fit a refit must beat.
-_IDENTITY = np.array([1.0, 0.0])
+#: (a, b, d) of the identity map, the ridge's centre and the fit a refit must beat.
+_IDENTITY = np.array([1.0, 0.0, 0.0])
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -24,7 +35,8 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
 
 
 class PlattCalibrator:
-    """p_allow = sigmoid(a z + b); identity (a=1, b=0) until `min_samples` pairs exist.
+    """p_allow = sigmoid(a z + d z_deep + b); identity (a=1, b=0, d=0) until
+    `min_samples` pairs exist.
 
     500: a map fitted to the first few hundred pairs, while the model under it changes
     fastest, cost 2 points of accuracy at the first checkpoint of the learning benchmark.
@@ -34,26 +46,31 @@ class PlattCalibrator:
                  l2: float = 1e-3) -> None:
         self.size, self.refit_every, self.min_samples, self.l2 = size, refit_every, min_samples, l2
         self.z: deque[float] = deque(maxlen=size)
+        self.zd: deque[float] = deque(maxlen=size)  # the transformer's part of each z
         self.y: deque[float] = deque(maxlen=size)
         self.fp: deque[bytes | None] = deque(maxlen=size)
-        self.a, self.b = 1.0, 0.0
+        self.a, self.b, self.d = 1.0, 0.0, 0.0
         self._since_fit = 0
 
-    def __call__(self, z: np.ndarray | float) -> np.ndarray:
-        return _sigmoid(self.a * np.asarray(z, dtype=np.float64) + self.b)
+    def __call__(self, z: np.ndarray | float, z_deep: np.ndarray | float = 0.0) -> np.ndarray:
+        return _sigmoid(self.a * np.asarray(z, dtype=np.float64)
+                        + self.d * np.asarray(z_deep, dtype=np.float64) + self.b)
 
     @property
-    def params(self) -> tuple[float, float]:
-        return self.a, self.b
+    def params(self) -> tuple[float, float, float]:
+        return self.a, self.b, self.d
 
-    def update(self, z: float, label: float, fingerprint: bytes | None = None) -> bool:
-        """Record one progressive (logit, label) pair; refit when due. True if refitted.
+    def update(self, z: float, label: float, fingerprint: bytes | None = None,
+               z_deep: float = 0.0) -> bool:
+        """Record one progressive (logit, label) pair and the transformer's part of that
+        logit (0 without a wide path: then d stays 0); refit when due. True if refitted.
 
         `fingerprint` (the call's (context, history) fingerprint) lets a later correction
         relabel the pair (`relabel`)."""
-        if not math.isfinite(z):
+        if not (math.isfinite(z) and math.isfinite(z_deep)):
             return False
         self.z.append(float(z))
+        self.zd.append(float(z_deep))
         self.y.append(float(label))
         self.fp.append(fingerprint)
         self._since_fit += 1
@@ -76,60 +93,73 @@ class PlattCalibrator:
 
     def fit(self, iters: int = 50) -> None:
         """Refit, and keep the fit only if it earns its place: fitted on the older three
-        quarters of the pairs, it must beat the identity (a=1, b=0) in log-loss on the
+        quarters of the pairs, it must beat the identity (a=1, b=0, d=0) in log-loss on the
         newest quarter, else serving uses the raw probability. The model under it keeps
         changing, so a map fitted to yesterday's logits can be worse than none (measured:
         early in a stream it cost 2 points of accuracy); when it passes, it is refitted on
         every pair."""
-        z, y = np.asarray(self.z), np.asarray(self.y)
-        k = (3 * z.size) // 4
-        trial = self._newton(z[:k], y[:k], np.array([self.a, self.b]), iters)
-        if self._loss(trial, z[k:], y[k:]) < self._loss(_IDENTITY, z[k:], y[k:]):
-            theta = self._newton(z, y, trial, iters)
+        x = np.column_stack([np.asarray(self.z), np.ones(len(self.z)), np.asarray(self.zd)])
+        y = np.asarray(self.y)
+        k = (3 * y.size) // 4
+        trial = self._clip(self._newton(x[:k], y[:k], np.array([self.a, self.b, self.d]),
+                                        iters))
+        if self._loss(trial, x[k:], y[k:]) < self._loss(_IDENTITY, x[k:], y[k:]):
+            theta = self._clip(self._newton(x, y, trial, iters))
         else:
             theta = _IDENTITY
-        a, b = float(theta[0]), float(theta[1])
-        if math.isfinite(a) and math.isfinite(b) and a > 0:  # never invert the gate
-            self.a, self.b = a, b
+        a, b, d = (float(t) for t in theta)
+        if math.isfinite(a) and math.isfinite(b) and math.isfinite(d) and a > 0:
+            self.a, self.b, self.d = a, b, d  # (a > 0: never invert the gate)
         self._since_fit = 0
 
-    def _loss(self, t: np.ndarray, z: np.ndarray, y: np.ndarray) -> float:
-        """Mean log-loss of sigmoid(t0 z + t1) (+ a small ridge towards a=1, b=0)."""
-        u = t[0] * z + t[1]
+    @staticmethod
+    def _clip(theta: np.ndarray) -> np.ndarray:
+        """d into [-a, 0]: the transformer's share of the logit in [0, 1] (discounted,
+        never amplified nor turned against its sign)."""
+        a, b, d = theta
+        return np.array([a, b, min(0.0, max(-abs(a), d))])
+
+    def _loss(self, t: np.ndarray, x: np.ndarray, y: np.ndarray) -> float:
+        """Mean log-loss of sigmoid(x @ t), x = [z, 1, z_deep] (+ a small ridge towards
+        the identity)."""
+        u = x @ t
         return float(np.mean(np.logaddexp(0.0, u) - y * u)
                      + 0.5 * self.l2 * np.sum((t - _IDENTITY) ** 2))
 
-    def _newton(self, z: np.ndarray, y: np.ndarray, theta: np.ndarray,
+    def _newton(self, x: np.ndarray, y: np.ndarray, theta: np.ndarray,
                 iters: int) -> np.ndarray:
         """Damped Newton on `_loss`: each step is halved until the loss falls, so it
         converges from any start."""
-        current = self._loss(theta, z, y)
+        current = self._loss(theta, x, y)
+        ridge = self.l2 * np.eye(x.shape[1])
         for _ in range(iters):
-            p = _sigmoid(theta[0] * z + theta[1])
+            p = _sigmoid(x @ theta)
             r, w = p - y, p * (1.0 - p)
-            g = np.array([np.mean(r * z), np.mean(r)]) + self.l2 * (theta - _IDENTITY)
-            h = np.array([[np.mean(w * z * z), np.mean(w * z)],
-                          [np.mean(w * z), np.mean(w)]]) + self.l2 * np.eye(2)
+            g = x.T @ r / y.size + self.l2 * (theta - _IDENTITY)
+            h = (x * w[:, None]).T @ x / y.size + ridge
             step = np.linalg.solve(h, g)
             t = 1.0
-            while t > 1e-6 and self._loss(theta - t * step, z, y) > current:
+            while t > 1e-6 and self._loss(theta - t * step, x, y) > current:
                 t *= 0.5
             if t <= 1e-6:
                 break
             theta = theta - t * step
-            current = self._loss(theta, z, y)
+            current = self._loss(theta, x, y)
             if np.abs(t * step).max() < 1e-9:
                 break
         return theta
 
     def state(self) -> dict:
-        return {"a": self.a, "b": self.b, "z": list(self.z), "y": list(self.y)}
+        return {"a": self.a, "b": self.b, "d": self.d, "z": list(self.z),
+                "zd": list(self.zd), "y": list(self.y)}
 
     def load(self, state: dict | None) -> None:
         if not state:
             return
         self.a, self.b = float(state["a"]), float(state["b"])
+        self.d = float(state.get("d", 0.0))  # a checkpoint from before the share: 0
         self.z.extend(state.get("z", []))
+        self.zd.extend(state.get("zd", [0.0] * len(state.get("z", []))))
         self.y.extend(state.get("y", []))
         self.fp.extend([None] * (len(self.z) - len(self.fp)))  # not kept across restarts
 

@@ -48,7 +48,8 @@ class Monitor:
         self.last_drift_seq: int | None = None
 
     def observe(self, seq: int, fingerprint: bytes, feedback: str | None, label: float,
-                z: float, p: float, tool: str | None = None) -> int | None:
+                z: float, p: float, tool: str | None = None, z_deep: float = 0.0
+                ) -> int | None:
         """Record one scored signal (of `tool`, for the per-tool view). Returns the
         sequence number where a policy change began when this observation confirms one,
         else None."""
@@ -61,7 +62,7 @@ class Monitor:
         else:
             self.corrected.add(fingerprint, p, label)
         self._recent.append((p, label))
-        self.calibrator.update(z, label, fingerprint)
+        self.calibrator.update(z, label, fingerprint, z_deep)
         self._seqs.append(seq)
         self._run += 1
         start = self.drift.update(float((p < 0.5) != (label < 0.5)))
@@ -89,6 +90,7 @@ class Monitor:
                 "alignment_corrected": self.corrected.alignment,
                 "ece": expected_calibration_error(p, y), "brier": brier_score(p, y),
                 "calibration_a": self.calibrator.a, "calibration_b": self.calibrator.b,
+                "calibration_d": self.calibrator.d,
                 "drift_detections": float(self.drift.detections),
                 "adapting": float(self.adapting)}
 

@@ -416,7 +416,8 @@ class Trainer(GpuFallback, threading.Thread):
         for zi, pi, zdi, ex in zip(z, p, z_deep, fresh, strict=True):
             self.last_scores.append((ex["seq"], float(pi), float(zi), float(zdi)))
             began = self.monitor.observe(ex["seq"], ex["fp"], ex["feedback"], ex["label"],
-                                         float(zi), float(pi), tool_of(ex["context"]))
+                                         float(zi), float(pi), tool_of(ex["context"]),
+                                         float(zdi) if self.wide is not None else 0.0)
             if began is not None:
                 self._on_drift(began)
             p_label = float(pi) if ex["label"] >= 0.5 else 1.0 - float(pi)
@@ -430,9 +431,9 @@ class Trainer(GpuFallback, threading.Thread):
                 # trained); ranking those first taught the transformer the noise. After a
                 # detected drift they are the new policy instead: then wrong first.
                 hard.append((p_label if self.monitor.adapting else abs(float(pi) - 0.5), ex))
-        a, b = self.monitor.calibrator.params
-        if (a, b) != (self.serving.calibration.a, self.serving.calibration.b):
-            self.serving.calibration = Calibration(a, b)
+        cal = Calibration(*self.monitor.calibrator.params)
+        if cal != self.serving.calibration:
+            self.serving.calibration = cal
         self.report_alignment()
         return hard
 
@@ -592,7 +593,7 @@ class Trainer(GpuFallback, threading.Thread):
         host = self._host_copy(self.model.flat)
         cal = self.serving.calibration
         self.store.publish(version, host, step=self.status.step, keep=KEEP_VERSIONS,
-                           extra={"calibration": [float(cal.a), float(cal.b)]})
+                           extra={"calibration": [float(cal.a), float(cal.b), float(cal.d)]})
         self.status.version = version
         self.status.swaps += 1
         if judge:
