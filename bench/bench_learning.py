@@ -11,7 +11,10 @@ gated runs as the daemon runs it: the daemon's `Trainer` (real LMDB store in a t
 real replay reservoir, serving snapshot, swaps, calibration, drift detection), stepped on
 a VIRTUAL clock: signals arrive at `--rate` per second of virtual time and each step
 advances the clock by its measured wall time, so a slow machine sees more signals per
-step, exactly as the daemon would; the queue (arrived, not yet trained) is recorded.
+step, exactly as the daemon would; the queue (arrived, not yet trained) is recorded. The
+trainer times its swaps by that clock (`Trainer.use_clock`), publishes while idle as the
+daemon's loop does, and at its turns between a step's chunks (`train.wide_turns`) takes
+the signals that arrived so far in the step.
 Every ordinary signal is scored by the serving model before it is trained on
 (progressive validation) and compared with the TRUE label, never with the noisy gate.
 

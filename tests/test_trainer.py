@@ -10,7 +10,7 @@ import numpy as np
 from gated.config import TrainConfig
 from gated.daemon.serving import Calibration
 from gated.daemon.trainer import AlignmentWindow, TrainerEvents, build_trainer
-from gated.engine import ModelConfig
+from gated.engine import ModelConfig, source_batch
 from gated.store import Store
 
 
@@ -220,4 +220,21 @@ def test_without_turns_a_step_does_not_stop_for_new_signals(tmp_path):
     store.append_signals([_sig(f"fs.read src/{i}.py", "allow") for i in range(16)])
     trainer.train_on(store.read_signals(0, 16))
     assert not called and trainer.status.last_trained_seq == 16 and trainer.status.step == 1
+    store.close()
+
+
+def test_the_transformer_starts_with_no_share_of_the_served_logit(tmp_path):
+    """With a wide path the served logit is the wide path's alone until a calibration fit
+    on the progressive stream shows the transformer's part earns a share."""
+    store, trainer, serving = _trainer(tmp_path)
+    assert trainer.wide is not None
+    store.append_signals([_sig(f"fs.read src/{i}.py", "allow") for i in range(16)])
+    trainer.train_on(store.read_signals(0, 16))
+    assert serving.calibration == Calibration(1.0, 0.0, -1.0)
+    assert trainer.monitor.stats()["calibration_d"] == -1.0
+    trainer.publish_now()  # what the step and the wide path learned now serves
+    z, p, snap = serving.score_many([("fs.read src/x.py", None)])
+    wide = snap.model.wide_logit(source_batch([("fs.read src/x.py", None)], snap.model.cfg))
+    assert abs(z[0] - wide[0]) > 1e-6  # the transformer's part is there, and not served
+    np.testing.assert_allclose(p, 1 / (1 + np.exp(-wide)), rtol=1e-9)
     store.close()

@@ -58,7 +58,7 @@ class Calibration:
     def of(self, z: np.ndarray, sources: dict, model: Model) -> np.ndarray:
         """Calibrated p_allow of logits `z` that `model` gave for `sources` (the wide
         part, a sparse dot, is subtracted only when the transformer's share is in use)."""
-        if not self.d:
+        if not self.d or "wide.w" not in model.params:  # without a wide path: all deep, d 0
             return self(z)
         return self(z, np.asarray(z, np.float64) - model.wide_logit(sources))
 

@@ -26,30 +26,31 @@ from collections import deque
 
 import numpy as np
 
-#: (a, b, d) of the identity map, the ridge's centre and the fit a refit must beat.
-_IDENTITY = np.array([1.0, 0.0, 0.0])
-
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
     return 0.5 * (1.0 + np.tanh(0.5 * x))
 
 
 class PlattCalibrator:
-    """p_allow = sigmoid(a z + d z_deep + b); identity (a=1, b=0, d=0) until
-    `min_samples` pairs exist.
+    """p_allow = sigmoid(a z + d z_deep + b); the prior map (a=1, b=0, d=share_prior-1)
+    until `min_samples` pairs exist.
 
     500: a map fitted to the first few hundred pairs, while the model under it changes
     fastest, cost 2 points of accuracy at the first checkpoint of the learning benchmark.
     """
 
     def __init__(self, size: int = 2000, refit_every: int = 50, min_samples: int = 500,
-                 l2: float = 1e-3) -> None:
+                 l2: float = 1e-3, share_prior: float = 1.0) -> None:
         self.size, self.refit_every, self.min_samples, self.l2 = size, refit_every, min_samples, l2
         self.z: deque[float] = deque(maxlen=size)
         self.zd: deque[float] = deque(maxlen=size)  # the transformer's part of each z
         self.y: deque[float] = deque(maxlen=size)
         self.fp: deque[bytes | None] = deque(maxlen=size)
-        self.a, self.b, self.d = 1.0, 0.0, 0.0
+        #: (a, b, d) before any fit: the ridge's centre and the map a refit must beat. With
+        #: `share_prior` 0 (a gate with a wide path) the transformer starts with no share
+        #: of the served logit and gets one when a fit shows it earns it
+        self._prior = np.array([1.0, 0.0, share_prior - 1.0])
+        self.a, self.b, self.d = (float(t) for t in self._prior)
         self._since_fit = 0
 
     def __call__(self, z: np.ndarray | float, z_deep: np.ndarray | float = 0.0) -> np.ndarray:
@@ -93,8 +94,8 @@ class PlattCalibrator:
 
     def fit(self, iters: int = 50) -> None:
         """Refit, and keep the fit only if it earns its place: fitted on the older three
-        quarters of the pairs, it must beat the identity (a=1, b=0, d=0) in log-loss on the
-        newest quarter, else serving uses the raw probability. The model under it keeps
+        quarters of the pairs, it must beat the prior map (a=1, b=0, d=share_prior-1) in
+        log-loss on the newest quarter, else serving uses the prior map. The model under it keeps
         changing, so a map fitted to yesterday's logits can be worse than none (measured:
         early in a stream it cost 2 points of accuracy); when it passes, it is refitted on
         every pair."""
@@ -103,10 +104,10 @@ class PlattCalibrator:
         k = (3 * y.size) // 4
         trial = self._clip(self._newton(x[:k], y[:k], np.array([self.a, self.b, self.d]),
                                         iters))
-        if self._loss(trial, x[k:], y[k:]) < self._loss(_IDENTITY, x[k:], y[k:]):
+        if self._loss(trial, x[k:], y[k:]) < self._loss(self._prior, x[k:], y[k:]):
             theta = self._clip(self._newton(x, y, trial, iters))
         else:
-            theta = _IDENTITY
+            theta = self._prior
         a, b, d = (float(t) for t in theta)
         if math.isfinite(a) and math.isfinite(b) and math.isfinite(d) and a > 0:
             self.a, self.b, self.d = a, b, d  # (a > 0: never invert the gate)
@@ -121,10 +122,10 @@ class PlattCalibrator:
 
     def _loss(self, t: np.ndarray, x: np.ndarray, y: np.ndarray) -> float:
         """Mean log-loss of sigmoid(x @ t), x = [z, 1, z_deep] (+ a small ridge towards
-        the identity)."""
+        the prior map)."""
         u = x @ t
         return float(np.mean(np.logaddexp(0.0, u) - y * u)
-                     + 0.5 * self.l2 * np.sum((t - _IDENTITY) ** 2))
+                     + 0.5 * self.l2 * np.sum((t - self._prior) ** 2))
 
     def _newton(self, x: np.ndarray, y: np.ndarray, theta: np.ndarray,
                 iters: int) -> np.ndarray:
@@ -135,7 +136,7 @@ class PlattCalibrator:
         for _ in range(iters):
             p = _sigmoid(x @ theta)
             r, w = p - y, p * (1.0 - p)
-            g = x.T @ r / y.size + self.l2 * (theta - _IDENTITY)
+            g = x.T @ r / y.size + self.l2 * (theta - self._prior)
             h = (x * w[:, None]).T @ x / y.size + ridge
             step = np.linalg.solve(h, g)
             t = 1.0

@@ -28,6 +28,9 @@ class MonitorSettings:
     drift_threshold: float = 12.0
     drift_min_samples: int = 200
     drift_adapt_signals: int = 1000
+    #: the transformer's share of the served logit before a calibration fit gives it one
+    #: (online/calibration.py): 0 when a wide path decides alone at first
+    transformer_share_prior: float = 1.0
 
 
 class Monitor:
@@ -38,7 +41,8 @@ class Monitor:
         self.settings = s
         self.window = AlignmentWindow(s.window)
         self.corrected = CorrectedAlignment(s.window)
-        self.calibrator = PlattCalibrator(size=s.calibration_window)
+        self.calibrator = PlattCalibrator(size=s.calibration_window,
+                                          share_prior=s.transformer_share_prior)
         self.drift = PageHinkley(s.drift_delta, s.drift_threshold, s.drift_min_samples)
         self.per_tool = PerTool()
         self._recent: deque[tuple[float, float]] = deque(maxlen=s.window)  # (p_cal, label)

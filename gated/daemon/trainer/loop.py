@@ -98,7 +98,8 @@ class Trainer(GpuFallback, threading.Thread):
         self.monitor = Monitor(MonitorSettings(
             window=settings.alignment_window, drift_delta=settings.drift_delta,
             drift_threshold=settings.drift_threshold,
-            drift_adapt_signals=settings.drift_adapt_signals))
+            drift_adapt_signals=settings.drift_adapt_signals,
+            transformer_share_prior=0.0 if self.wide is not None else 1.0))
         self.window = self.monitor.window
         #: (seq, calibrated p, raw logit, its transformer part) of each signal the last
         #: step scored; the rest of the raw logit is the wide path's
@@ -129,6 +130,7 @@ class Trainer(GpuFallback, threading.Thread):
         #: selective backprop's (rank, example) candidates not yet given to a step
         self._candidates: list[tuple[float, dict]] = []
         self._in_step = False  # a transformer step is between its chunks (`_turn`)
+        self._turn_seconds = 0.0  # spent in the current step's turns
         #: called at each turn before the log is read (the learning benchmark feeds the
         #: signals of its virtual clock there); the daemon's log fills by itself
         self.before_turn: Callable[[], None] | None = None
@@ -377,6 +379,7 @@ class Trainer(GpuFallback, threading.Thread):
         the wide path's progress when a swap is due. The transformer's weights are
         untouched in the middle of a step (AdamW updates them after the last chunk), so the
         training weights are a whole candidate here, judged like any other."""
+        t0 = time.perf_counter()
         if self.before_turn is not None:
             self.before_turn()
         fresh = self.store.read_signals(self.status.last_trained_seq,
@@ -384,6 +387,7 @@ class Trainer(GpuFallback, threading.Thread):
         if fresh:
             self._take(fresh)
         self._maybe_swap(force=False)
+        self._turn_seconds += time.perf_counter() - t0
 
     def _choose(self) -> list[dict]:
         """Selective backprop: at most one batch of the candidates, corrections first, then
@@ -477,6 +481,7 @@ class Trainer(GpuFallback, threading.Thread):
 
     def _step(self, examples: list[dict], turns: bool = False) -> dict | None:
         t0 = time.perf_counter()
+        self._turn_seconds = 0.0  # the step's time is reported without its turns
         self.model.ewc.lam = 0.0 if self.monitor.adapting else self.settings.lambda_ewc
         batch = build_batch(examples, self.model.cfg)
         try:
@@ -501,7 +506,7 @@ class Trainer(GpuFallback, threading.Thread):
         self._deep_version += 1
         self._steps_since_swap += 1
         self.status.last_loss = {k: info[k] for k in ("loss", "bce", "ce", "grad_norm", "lr")}
-        self.events.on_step(info, time.perf_counter() - t0)
+        self.events.on_step(info, time.perf_counter() - t0 - self._turn_seconds)
         self.store.append_metrics(self.status.step, {
             **self.status.last_loss, "alignment": self.window.alignment, "t": time.time()})
         return info
