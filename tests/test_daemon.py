@@ -12,6 +12,7 @@ from daemon_proc import FAST, expected_band, start, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
 from gated.daemon.metrics import SERIES
+from gated.daemon.serving import Calibration
 from gated.engine import Model, ModelConfig, source_batch
 from gated.store import load_published
 from gated.synthetic import SyntheticGateway
@@ -101,10 +102,12 @@ def test_restart_resumes_step_version_weights_and_trains_nothing_twice(tmp_path)
     assert d.stop() == 0
     assert "stopped cleanly" in d.log()
     # What the stopped daemon left: the published weights, read by another process.
-    version, flat = load_published(d.state_dir)
+    version, flat, head = load_published(d.state_dir, with_head=True)
     model = Model.from_flat(ModelConfig.tiny(), flat)
-    expect = float(model.predict_proba(source_batch([("write_file /etc/passwd", None)],
-                                                    model.cfg))[0])
+    src = source_batch([("write_file /etc/passwd", None)], model.cfg)
+    # served: the published weights through the calibration published with them
+    cal = Calibration(*head["calibration"]) if head.get("calibration") else Calibration()
+    expect = float(cal.of(model.predict_z(src), src, model)[0])
     d2 = start(tmp_path, config=config, state_dir=d.state_dir)
     try:
         with d2.client() as c:

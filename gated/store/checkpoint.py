@@ -314,8 +314,11 @@ class Checkpoints(StoreBase):
         return self._h.read(fn)
 
 
-def load_published(state_dir: str | os.PathLike[str]) -> tuple[int, np.ndarray] | None:
-    """Current (version, weights) published in ``state_dir``, from any process.
+def load_published(state_dir: str | os.PathLike[str], with_head: bool = False
+                   ) -> tuple[int, np.ndarray] | tuple[int, np.ndarray, dict] | None:
+    """Current (version, weights) published in ``state_dir``, from any process; with
+    `with_head`, (version, weights, head): the head holds the step and the calibration
+    those weights are served with.
 
     Uses the environment this process already has open for ``state_dir`` if any, else a
     cached read-only one (LMDB allows one environment per file per process). Consistent:
@@ -325,7 +328,7 @@ def load_published(state_dir: str | os.PathLike[str]) -> tuple[int, np.ndarray] 
     h = current(state_dir)
     if h is not None:
         got = h.read(lambda txn: _read_published(h, txn), buffers=True)
-        return None if got is None else (got[0], got[1])
+        return None if got is None else (got if with_head else (got[0], got[1]))
     if not os.path.exists(os.path.join(os.fspath(state_dir), "data.mdb")):
         return None
     h = acquire(state_dir, readonly=True)
@@ -333,4 +336,4 @@ def load_published(state_dir: str | os.PathLike[str]) -> tuple[int, np.ndarray] 
         got = h.read(lambda txn: _read_published(h, txn), buffers=True)
     finally:
         release(h, keep_open=True)
-    return None if got is None else (got[0], got[1])
+    return None if got is None else (got if with_head else (got[0], got[1]))
