@@ -21,6 +21,7 @@ import numpy as np
 
 from ..engine import Model, ModelConfig, source_batch
 from ..engine.infer import InferencePlan
+from ..online.calibration import platt_map
 
 
 @dataclass(frozen=True)
@@ -50,10 +51,7 @@ class Calibration:
     d: float = 0.0
 
     def __call__(self, z: np.ndarray, z_deep: np.ndarray | float = 0.0) -> np.ndarray:
-        u = self.a * np.asarray(z, np.float64) + self.b
-        if self.d:
-            u = u + self.d * np.asarray(z_deep, np.float64)
-        return 0.5 * (1.0 + np.tanh(0.5 * u))
+        return platt_map(z, z_deep, self.a, self.b, self.d)
 
     def of(self, z: np.ndarray, sources: dict, model: Model) -> np.ndarray:
         """Calibrated p_allow of logits `z` that `model` gave for `sources` (the wide

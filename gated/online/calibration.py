@@ -31,6 +31,14 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
     return 0.5 * (1.0 + np.tanh(0.5 * x))
 
 
+def platt_map(z: np.ndarray | float, z_deep: np.ndarray | float, a: float, b: float,
+              d: float) -> np.ndarray:
+    """p_allow = sigmoid(a z + d z_deep + b): the map fitted here and the one serving
+    applies (daemon/serving.py `Calibration`), in one place."""
+    return _sigmoid(a * np.asarray(z, dtype=np.float64)
+                    + d * np.asarray(z_deep, dtype=np.float64) + b)
+
+
 class PlattCalibrator:
     """p_allow = sigmoid(a z + d z_deep + b); the prior map (a=1, b=0, d=share_prior-1)
     until `min_samples` pairs exist.
@@ -54,8 +62,7 @@ class PlattCalibrator:
         self._since_fit = 0
 
     def __call__(self, z: np.ndarray | float, z_deep: np.ndarray | float = 0.0) -> np.ndarray:
-        return _sigmoid(self.a * np.asarray(z, dtype=np.float64)
-                        + self.d * np.asarray(z_deep, dtype=np.float64) + self.b)
+        return platt_map(z, z_deep, self.a, self.b, self.d)
 
     @property
     def params(self) -> tuple[float, float, float]:

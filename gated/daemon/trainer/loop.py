@@ -326,6 +326,8 @@ class Trainer(GpuFallback, threading.Thread):
         if fresh:
             self._take(fresh)
         chosen = self._choose()
+        if fresh or chosen:
+            self.report_alignment(backpropagated=len(chosen))
         # The wide path has just learned from every fresh signal: publish that before the
         # transformer's step (seconds on a CPU), so predictions do not wait for it.
         self._maybe_swap(force=False)
@@ -386,6 +388,7 @@ class Trainer(GpuFallback, threading.Thread):
                                         self.settings.fresh_per_step)
         if fresh:
             self._take(fresh)
+            self.report_alignment()
         self._maybe_swap(force=False)
         self._turn_seconds += time.perf_counter() - t0
 
@@ -395,8 +398,6 @@ class Trainer(GpuFallback, threading.Thread):
         self._candidates.sort(key=lambda t: t[0])
         chosen = [ex for _, ex in self._candidates[: self.settings.batch_size]]
         self._candidates = []
-        if chosen:
-            self.report_alignment(backpropagated=len(chosen))
         return chosen
 
     def _score(self, fresh: list[dict]) -> list[tuple[float, dict]]:
@@ -438,7 +439,6 @@ class Trainer(GpuFallback, threading.Thread):
         cal = Calibration(*self.monitor.calibrator.params)
         if cal != self.serving.calibration:
             self.serving.calibration = cal
-        self.report_alignment()
         return hard
 
     def _learn_wide(self, sources: dict, z_deep: np.ndarray, fresh: list[dict]) -> None:
@@ -581,8 +581,7 @@ class Trainer(GpuFallback, threading.Thread):
         if self._steps_since_swap == 0 and not self._wide_dirty:
             return False
         s = self.settings
-        due = (self._steps_since_swap >= s.swap_every_steps
-               or self.clock() - self._last_swap_time >= s.swap_every_seconds)
+        due = self._steps_since_swap >= s.swap_every_steps or self.clock() >= self.next_swap_at
         if not (due or force):
             return False
         if not self.model.ops.all_finite(self.model.flat):
