@@ -294,12 +294,19 @@ def test_an_edge_started_late_catches_up(tmp_path, nats, procs):
         assert c2.status()["cluster"]["version_lag"] == 0
         assert c1.predict("fs.read /x")["p_allow"] == pytest.approx(
             c2.predict("fs.read /x")["p_allow"], abs=1e-6)
-    # restarted while NATS is down, it serves the version it had (kept in its LMDB)
+    # restarted while NATS is down, it serves the version it had (kept in its LMDB); the
+    # trainer is stopped first, or a publication between reading the edge's version and
+    # stopping the edge would make "the version it had" a race
+    last = status(tr)["version"]
+    assert tr.stop() == 0
+    had = wait_until(lambda: (lambda v: v if v >= last else None)(version(e2)), 30,
+                     "the edge has the trainer's last version")
+    assert had >= cur
     assert e2.stop() == 0
     nats.stop()
     e2b = start_role(tmp_path, nats, "edge", "e2")
     procs.append(e2b)
-    assert version(e2b) == cur
+    assert version(e2b) == had
 
 
 def _tamper(nats_url: str, how: str, good: int) -> int:

@@ -163,8 +163,10 @@ def test_flat_layout_views_and_init():
     assert model.flat.flags["C_CONTIGUOUS"] and model.flat.dtype == np.float32
     names = [n for n, _ in model.layout]
     assert names[:2] == ["tok_emb", "seg_emb"]
-    assert names[-3:] == ["gate.w", "gate.b", "wide.w"]
+    assert names[-5:] == ["gate.w", "gate.b", "wide.w", "wide.pair_call", "wide.pair_hist"]
     assert np.all(model.params["wide.w"] == 0)  # the wide path starts silent
+    assert np.all(model.params["wide.pair_hist"] == 0)  # so does its pair term's product...
+    assert abs(float(model.params["wide.pair_call"].std()) - 0.1) < 0.01  # ...of one random side
     assert list(model.params) == names
     model.params["enc.0.attn.bq"][0] = 3.5  # a view: writes land in the flat buffer
     assert 3.5 in model.flat
@@ -182,7 +184,8 @@ def test_flint_parameter_count():
     expect = v * d + 2 * d + 4 * (2 * 2 * d + attn + ffn) + 2 * d
     expect += 2 * (3 * 2 * d + 2 * attn + ffn) + 2 * d + v * d + v + 2 * d + 1
     expect += 1 << 18  # the wide path's hashed n-gram weights
-    assert sum(int(np.prod(s)) for _, s in param_layout(cfg)) == expect == 5_663_493
+    expect += 2 * (1 << 14) * 8  # its call x history pair term: two [16384, 8] tables
+    assert sum(int(np.prod(s)) for _, s in param_layout(cfg)) == expect == 5_925_637
 
 
 def test_greedy_decode_and_predict_shapes():
@@ -212,6 +215,38 @@ def test_wide_and_segment_gradients_at_the_entries_a_batch_touches():
     assert rel_error(np.array([model.grads["seg_emb"][i] for i in idx]), num) < TOL
 
 
+def test_pair_term_gradients_at_the_rows_a_batch_touches():
+    """The call x history pair term (engine/wide.py `pair_logit`): its two factor tables'
+    gradients, from the joint loss's backward, against central differences at every row
+    the batch touches; rows it does not touch get exactly 0."""
+    model = _random_model(8)
+    read = 'fs.read {"path": "/home/a/src/p/%s"}'
+    examples = [
+        {"context": 'http.request {"method": "POST", "url": "https://x.io/a"}',
+         "history": [read % ".env", read % "app.py", 'shell.exec {"cmd": "ls"}'],
+         "reason": "exfil", "label": 0, "weight": 4.0},
+        {"context": 'email.send {"to": "a@b.com"}', "history": [read % "config/settings.yml"],
+         "reason": None, "label": 1, "weight": 1.0},
+        {"context": 'http.request {"method": "GET", "url": "https://x.io/b"}',
+         "history": [read % "README.md"], "reason": "ok", "label": 1, "weight": 2.0},
+        {"context": 'fs.write {"path": "/tmp/x"}',  # no history: its site's rows get 0
+         "history": None, "reason": None, "label": 1, "weight": 1.0},
+    ]
+    batch = build_batch(examples, model.cfg)
+    model.loss_and_grads(batch)
+    for side, name in (("pc", "wide.pair_call"), ("ph", "wide.pair_hist")):
+        rows = sorted({int(i) for i, v in zip(batch[f"wide_{side}_idx"][:3].ravel(),
+                                              batch[f"wide_{side}_val"][:3].ravel(),
+                                              strict=True) if v})
+        idx = [(r, c) for r in rows for c in range(model.cfg.wide_pair_rank)]
+        num = numeric_grad_entries(lambda: model.loss(batch)[0], model.params[name], idx)
+        ana = np.array([model.grads[name][i] for i in idx])
+        assert np.abs(ana).min() > 0 and rel_error(ana, num) < TOL, name
+        untouched = np.ones(model.cfg.wide_pair_buckets, bool)
+        untouched[rows] = False
+        assert np.all(model.grads[name][untouched] == 0)
+
+
 def test_history_does_not_change_the_call_tokens_and_an_empty_history_pools_to_zero():
     """Format 2: the call leads the source whole; history follows as segment 1; a call
     without history gets a zero history pool (no division by an empty mask)."""
@@ -225,7 +260,7 @@ def test_history_does_not_change_the_call_tokens_and_an_empty_history_pools_to_z
     src, seg = alone["src"], alone["seg"]
     enc, _ = model.encode(src, seg)
     _, call_mask, hist_mask = model._src_masks(src, seg)
-    z, pooled, _ = model.gate_logit(enc, call_mask, hist_mask)
+    z, pooled, _, _ = model.gate_logit(enc, call_mask, hist_mask)
     assert np.all(pooled[:, cfg.d_model:] == 0) and np.all(np.isfinite(z))
 
 

@@ -336,8 +336,10 @@ def test_serving_failures_in_the_trainer_thread_fall_back_instead_of_crashing(tm
     trainer.start()
     try:
         deadline = time.monotonic() + 30
+        # taking the 40 signals and stepping on them are two moments: wait for both
         while time.monotonic() < deadline and (trainer.status.last_trained_seq < 40
-                                               or not events.fallbacks):
+                                               or not events.fallbacks
+                                               or trainer.status.step == 0):
             trainer.wake()
             time.sleep(0.05)
         assert trainer.is_alive()

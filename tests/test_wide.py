@@ -140,13 +140,16 @@ def test_adamw_steps_the_transformer_and_leaves_the_wide_path_alone():
     model = Model.init(cfg, seed=0)
     model.params["wide.w"][...] = 0.25
     opt = AdamW.for_model(model, lr=1e-2)
-    assert opt.n_train == model.num_params - cfg.wide_buckets
+    wide = cfg.wide_buckets + 2 * cfg.wide_pair_buckets * cfg.wide_pair_rank  # w, U, V
+    assert opt.n_train == model.num_params - wide
     opt.v[opt.n_train:] = 7.0  # the wide path's AdaGrad sums live here
     before = model.flat.copy()
-    batch = build_batch([{"context": "fs.read /etc/passwd", "history": ["git status"],
+    batch = build_batch([{"context": "fs.read /etc/passwd",
+                          "history": ['fs.read {"path": "/w/.env"}'],
                           "label": 0.0, "weight": 1.0, "reason": "secret"}], cfg)
     model.loss_and_grads(batch)
     assert np.any(model.grads["wide.w"] != 0)  # the joint gradient reaches the wide path...
+    assert np.any(model.grads["wide.pair_hist"] != 0)  # (its pair term too)
     opt.step(model.flat, model.grad_flat)
     n = opt.n_train
     assert np.all(model.flat[n:] == before[n:])  # ...but AdamW does not apply it
@@ -255,3 +258,75 @@ def test_history_crosses_let_the_wide_path_learn_which_read_makes_a_post_exfiltr
     without, with_crosses = pair_gaps(0.0), pair_gaps(0.3)
     np.testing.assert_allclose(without, 0.0, atol=1e-9)
     assert np.mean(with_crosses > 0) >= 0.9 and with_crosses.mean() > 0.2
+
+
+def test_pair_gradient_matches_central_differences():
+    """The pair term's share of one signal's loss (engine/wide.py `WideAdaGrad`): dL/dU and
+    dL/dV at the touched rows, with repeated ids, against central differences (float64)."""
+    rng = np.random.default_rng(5)
+    w, g2 = rng.normal(size=32), np.zeros(32)
+    u_tab, v_tab = rng.normal(size=(16, 3)), rng.normal(size=(16, 3))
+    learner = WideAdaGrad(w, g2, scale=1.3, l2=1e-3,
+                          pair=(u_tab, np.zeros_like(u_tab), v_tab, np.zeros_like(v_tab)))
+    idx, val = np.array([0, 4, 7]), rng.normal(size=3)
+    pair = (np.array([2, 5]), np.array([0.6, 0.8]),
+            np.array([1, 9, 1, 0, 12]), np.array([1.0, 1.0, 0.5, 0.0, 1.0]))  # 1 twice, 0 pads
+    z_rest, label, weight = -0.2, 1.0, 2.0
+
+    def loss() -> float:
+        u = pair[1] @ u_tab[pair[0]]
+        v = pair[3] @ v_tab[pair[2]]
+        z = z_rest + 1.3 * (float(w[idx] @ val) + float(u @ v))
+        reg = sum(float((t[np.unique(r)] ** 2).sum()) for t, r in
+                  ((w, idx), (u_tab, pair[0]), (v_tab, np.array([1, 9, 12]))))
+        return _bce(z, label, weight) + 0.5 * 1e-3 * reg
+
+    (c_rows, g_u), (h_rows, g_v) = learner.pair_gradient(idx, val, z_rest, label, weight, pair)
+    assert list(c_rows) == [2, 5] and list(h_rows) == [1, 9, 12]  # padding (value 0) dropped
+    for table, rows, grad in ((u_tab, c_rows, g_u), (v_tab, h_rows, g_v)):
+        entries = [(int(r), c) for r in rows for c in range(3)]
+        numeric = numeric_grad_entries(loss, table, entries)
+        assert rel_error(grad.ravel(), numeric) < 1e-6
+    # one AdaGrad step moves each touched coordinate by pair_lr * sign(-g); relax scales
+    before = u_tab[c_rows].copy()
+    learner.learn(idx, val, z_rest, label, weight, pair)
+    np.testing.assert_allclose(u_tab[c_rows], before - 0.1 * np.sign(g_u), rtol=1e-6)
+    learner.relax(0.5)
+    np.testing.assert_allclose(learner.pair[1][c_rows], 0.5 * g_u ** 2, rtol=1e-9)
+
+
+def test_the_pair_term_learns_the_history_rule_that_crosses_learn_slowly():
+    """Rule 12 on the realistic stream, wide-only learners over 2,500 signals: with the
+    pair term (a secret's factor shared by every outbound call site) more history-probe
+    pairs get both members right than with the linear crosses alone (measured on the
+    flint stream in docs/learning.md: 0.64 -> 0.78 at 3,500 signals)."""
+    from gated.signals import label_and_weight
+    from gated.traffic import GatewayTraffic
+
+    def both_right(rank: int) -> float:
+        cfg = dataclasses.replace(ModelConfig.tiny(), wide_buckets=1 << 16,
+                                  wide_pair_rank=rank, wide_pair_buckets=1 << 12)
+        model = Model.init(cfg, seed=0, dtype="float64")
+        learner = WideAdaGrad.for_model(model, np.zeros(model.num_params), l2=1e-3)
+        stream = GatewayTraffic(seed=3)
+        events = [stream.next() for _ in range(2500)]
+        b = source_batch([(e.signal["context"], e.signal["history"]) for e in events], cfg)
+        keys = [k for k in ("wide_pc_idx", "wide_pc_val", "wide_ph_idx", "wide_ph_val")
+                if k in b]
+
+        def pair(k: int):
+            return tuple(b[key][k] for key in keys) or None
+        for k, e in enumerate(events):
+            label, weight = label_and_weight(e.signal, 0)
+            learner.learn(b["wide_idx"][k], b["wide_val"][k], 0.0, label, weight, pair(k))
+        probes = GatewayTraffic(seed=3).history_probes(200, 77)
+        b = source_batch([(e.signal["context"], e.signal["history"]) for e in probes], cfg)
+        right = np.array([(learner.gradient(b["wide_idx"][k], b["wide_val"][k], 0.0, 1.0, 1.0,
+                                            pair(k))[2] >= 0) == e.true_allow
+                          for k, e in enumerate(probes)])
+        return float(np.mean(right[0::2] & right[1::2]))
+
+    crosses, with_pairs = both_right(0), both_right(8)
+    print(f"pairs with both members right: crosses {crosses:.3f}, with the pair term "
+          f"{with_pairs:.3f}")
+    assert with_pairs >= crosses + 0.1

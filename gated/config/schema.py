@@ -152,6 +152,9 @@ class TrainConfig:
     wide_l2: float = _opt(1e-3, "L2 penalty of the wide path's weights (1e-3: the sweep in "
                           "docs/learning.md; it is what lets unseen values fall back on "
                           "the shared features)", hot=True, lo=0.0)
+    wide_pair_lr: float = _opt(0.1, "AdaGrad learning rate of the wide path's call x history "
+                               "pair term (0.1: the sweep in docs/learning.md; larger adds "
+                               "noise on the first signals)", hot=True, lo=0.0, hi=100.0)
     wide_turns: bool = _opt(True, "on the CPU, a transformer step stops after each of its "
                             "chunks for the wide path to learn the signals that arrived "
                             "meanwhile and publish them (predictions then wait ~1 s for a "

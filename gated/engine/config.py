@@ -52,6 +52,13 @@ class ModelConfig:
     #: ... and one feature of this value per (call's tool and method) x (a history entry's
     #: tool and the last component of its `path`). 0 turns either off.
     wide_history_cross: float = 0.3
+    #: The call x history pair term (engine/wide.py `pair_features`, `pair_logit`): rank of
+    #: its two factor tables, each [wide_pair_buckets, rank]. 0 (or no wide path) = none.
+    wide_pair_rank: int = 8
+    wide_pair_buckets: int = 1 << 14
+    #: Standard deviation of the call side's initial factors (the history side starts at
+    #: zero, so the term starts silent and is not noise on the first signals).
+    wide_pair_init: float = 0.1
 
     def __post_init__(self) -> None:
         if self.d_model % self.n_heads != 0:
@@ -66,9 +73,12 @@ class ModelConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("wide_buckets", "max_history", "wide_history_scale", "wide_call_words",
-                     "wide_history_cross"):
+                     "wide_history_cross", "wide_pair_rank", "wide_pair_buckets",
+                     "wide_pair_init"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.wide_pair_rank and self.wide_pair_buckets < 2:
+            raise ValueError("the pair term (wide_pair_rank > 0) needs wide_pair_buckets >= 2")
         if self.history_entry_max < self.history_entry_min:
             raise ValueError("history_entry_max must be >= history_entry_min")
         if self.source_format not in (1, 2):
@@ -84,7 +94,7 @@ class ModelConfig:
         """The small shape the tests train in seconds."""
         return cls(d_model=32, n_heads=4, d_ff=64, n_enc_layers=2, n_dec_layers=2, max_seq_len=32,
                    max_history=4, history_entry_min=4, history_entry_max=12,
-                   wide_buckets=1 << 12)
+                   wide_buckets=1 << 12, wide_pair_rank=4, wide_pair_buckets=1 << 10)
 
     @classmethod
     def flint(cls) -> ModelConfig:

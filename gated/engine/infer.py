@@ -26,6 +26,7 @@ import numpy as np
 from .model import length_chunks
 from .ops_numpy import gelu_tanh
 from .tokenizer import PAD
+from .wide import wide_logit_host
 
 
 def _layernorm(x: np.ndarray, g: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
@@ -76,7 +77,7 @@ class InferencePlan:
                 "w2": t(f"{n}.ffn.w2"), "b2": a(f"{n}.ffn.b2")})
         self.ln_g, self.ln_b = a("enc.ln.g"), a("enc.ln.b")
         self.gate_w, self.gate_b = t("gate.w"), a("gate.b")
-        self.wide_w = np.asarray(P["wide.w"][0]).copy() if "wide.w" in P else None
+        self.wide = {k: np.asarray(v).copy() for k, v in P.items() if k.startswith("wide.")}
         self.dtype = self.tok_emb.dtype
 
     def logits(self, sources: dict[str, Any]) -> np.ndarray:
@@ -124,10 +125,15 @@ class InferencePlan:
             pools.append(np.einsum("bsd,bs->bd", enc, m) / denom)
         z = (np.concatenate(pools, axis=1) @ self.gate_w)[:, 0] + self.gate_b[0]
         z = z.astype(np.float64)
-        if self.wide_w is not None and "wide_idx" in sources:
-            w = self.wide_w[np.asarray(sources["wide_idx"])].astype(np.float64)
-            z += cfg.wide_scale * (w * np.asarray(sources["wide_val"])).sum(axis=1)
+        if self.wide and "wide_idx" in sources:
+            feats = {k: np.asarray(v) for k, v in sources.items() if k.startswith("wide_")
+                     and (k in ("wide_idx", "wide_val") or "wide.pair_call" in self.wide)}
+            z += wide_logit_host(self._take, feats, cfg.wide_scale)
         return z
+
+    def _take(self, name: str, idx: np.ndarray) -> np.ndarray:
+        table = self.wide[name][0] if name == "wide.w" else self.wide[name]
+        return table[idx].astype(np.float64)
 
     def predict_z(self, sources: dict[str, Any], chunk: int = 16) -> np.ndarray:
         """`logits` in length-sorted chunks of `chunk` rows, as Model.predict_z."""

@@ -50,6 +50,9 @@ def param_layout(cfg: ModelConfig) -> list[tuple[str, Shape]]:
     layout += [("out.w", (v, d)), ("out.b", (v,)), ("gate.w", (1, 2 * d)), ("gate.b", (1,))]
     if cfg.wide_buckets:
         layout += [("wide.w", (1, cfg.wide_buckets))]
+        if cfg.wide_pair_rank:  # the call x history pair term's two factor tables
+            layout += [("wide.pair_call", (cfg.wide_pair_buckets, cfg.wide_pair_rank)),
+                       ("wide.pair_hist", (cfg.wide_pair_buckets, cfg.wide_pair_rank))]
     return layout
 
 
@@ -92,7 +95,7 @@ EMBEDDING_STD = 1.0
 MATRIX_STD = 0.02
 
 
-def init_flat(layout: list[tuple[str, Shape]], seed: int) -> np.ndarray:
+def init_flat(layout: list[tuple[str, Shape]], seed: int, pair_init: float = 0.1) -> np.ndarray:
     """Deterministic float64 initial weights: N(0, 1) token and segment embeddings,
     N(0, 0.02) other matrices, zero wide weights and biases, unit LayerNorm gains.
 
@@ -115,8 +118,12 @@ def init_flat(layout: list[tuple[str, Shape]], seed: int) -> np.ndarray:
         chunk = flat[s.offset : s.offset + s.size]
         if s.name in ("tok_emb", "seg_emb"):
             chunk[:] = rng.normal(0.0, EMBEDDING_STD, size=s.size)
-        elif s.name == "wide.w" or (wide and s.name == "gate.w"):
+        elif s.name in ("wide.w", "wide.pair_hist") or (wide and s.name == "gate.w"):
             continue  # zero: the wide path starts silent, and so does the gate over it
+        elif s.name == "wide.pair_call":
+            # random, so the history side's first gradients (dz * u) point somewhere; the
+            # history side's zeros keep the product silent until it has learned
+            chunk[:] = rng.normal(0.0, pair_init, size=s.size)
         elif len(s.shape) == 2:
             chunk[:] = rng.normal(0.0, MATRIX_STD, size=s.size)
         elif leaf == "g":

@@ -16,6 +16,7 @@ from .config import ModelConfig
 from .layout import decay_mask, init_flat, num_params, param_layout, views
 from .ops_numpy import NumpyOps
 from .tokenizer import BOS, EOS, PAD, decode_bytes
+from .wide import MAX_STRUCTURED, PAIR_KEYS, pair_logit, wide_logit_host
 
 
 def get_ops(backend: str) -> NumpyOps:
@@ -90,7 +91,8 @@ class Model:
              dtype: str = "float32") -> Model:
         """Fresh weights, deterministic by seed (same values for float32 and float64)."""
         ops = get_ops(backend)
-        flat = ops.xp.asarray(init_flat(param_layout(cfg), seed), dtype=dtype)
+        flat = ops.xp.asarray(init_flat(param_layout(cfg), seed, cfg.wide_pair_init),
+                              dtype=dtype)
         return cls(cfg, flat, ops, dtype)
 
     @classmethod
@@ -106,21 +108,25 @@ class Model:
 
     @property
     def deep_size(self) -> int:
-        """Parameters AdamW steps: everything before the wide path (its last slot), which
-        has its own optimiser (engine/wide.py)."""
-        if "wide.w" not in self.params:
-            return self.num_params
-        return self.num_params - self.cfg.wide_buckets
+        """Parameters AdamW steps: everything before the wide path (its slots come last),
+        which has its own optimiser (engine/wide.py)."""
+        return self.num_params - sum(int(np.prod(shape)) for name, shape in self.layout
+                                     if name.startswith("wide."))
 
     def wide_logit(self, sources: dict[str, Any]) -> np.ndarray:
-        """The wide path's share of the gate logit for a `source_batch`, on the host
-        (zeros when the model has no wide path)."""
+        """The wide path's share of the gate logit for a `source_batch`, on the host in
+        float64 (zeros when the model has no wide path)."""
         n = np.asarray(sources["src"]).shape[0]
-        if "wide.w" not in self.params or "wide_idx" not in sources:
+        if "wide_idx" not in sources or "wide.w" not in self.params:
             return np.zeros(n)
-        idx = self.ops.xp.asarray(sources["wide_idx"])
-        w = self.ops.to_numpy(self.params["wide.w"][0][idx]).astype(np.float64)  # touched only
-        return self.cfg.wide_scale * (w * np.asarray(sources["wide_val"])).sum(axis=1)
+        P, xp = self.params, self.ops.xp
+
+        def take(name: str, idx) -> np.ndarray:  # only the touched rows leave the device
+            table = P[name][0] if name == "wide.w" else P[name]
+            return self.ops.to_numpy(table[xp.asarray(idx)]).astype(np.float64)
+        keys = ("wide_idx", "wide_val") + (PAIR_KEYS if "wide.pair_call" in P else ())
+        return wide_logit_host(take, {k: np.asarray(self.ops.to_numpy(sources[k]))
+                                      for k in keys if k in sources}, self.cfg.wide_scale)
 
     def decay_mask(self) -> np.ndarray:
         return decay_mask(self.layout)
@@ -152,19 +158,28 @@ class Model:
         enc, ln_c = L.ln_fwd(ops, P, "enc.ln", x, cfg.ln_eps)
         return enc, (caches, ln_c) if keep_cache else None
 
-    def gate_logit(self, enc, call_mask, hist_mask, wide_idx=None, wide_val=None):
-        """z = [pool(call), pool(history)] @ gate.w.T + gate.b (+ the wide logit).
+    def gate_logit(self, enc, call_mask, hist_mask, wide=None):
+        """z = [pool(call), pool(history)] @ gate.w.T + gate.b (+ the wide logit);
+        returns (z, pooled, pool denominators, the pair term's sides or None).
 
         Each pool is a masked mean over its segment (an empty history pools to zeros).
-        The wide logit is wide_scale * sum_k val_k w[idx_k] over hashed n-grams."""
+        The wide logit is wide_scale * (sum_k val_k w[idx_k] over hashed n-grams + the call
+        x history pair term `pair_logit`)."""
         ops, xp, P = self.ops, self.ops.xp, self.params
         p_call, d_call = ops.mean_pool(enc, call_mask)
         p_hist, d_hist = ops.mean_pool(enc, hist_mask)
         pooled = xp.concatenate([p_call, p_hist], axis=1)
         z = L.linear_fwd(pooled, P["gate.w"], P["gate.b"])[:, 0]
-        if wide_idx is not None:
-            z = z + self.cfg.wide_scale * (P["wide.w"][0][wide_idx] * wide_val).sum(axis=1)
-        return z, pooled, (d_call, d_hist)
+        sides = None
+        if wide is not None:
+            z_wide = (P["wide.w"][0][wide["wide_idx"]] * wide["wide_val"]).sum(axis=1)
+            if "wide_pc_idx" in wide:
+                c_idx, c_val, h_idx, h_val = (wide[k] for k in PAIR_KEYS)
+                z_pair, u, v = pair_logit(P["wide.pair_call"][c_idx], c_val,
+                                          P["wide.pair_hist"][h_idx], h_val)
+                z_wide, sides = z_wide + z_pair, (u, v)
+            z = z + self.cfg.wide_scale * z_wide
+        return z, pooled, (d_call, d_hist), sides
 
     def decode_logits(self, tgt_in, enc, src_keep):
         """Decoder stack over tgt_in given enc; returns (logits [B,T,V], caches)."""
@@ -181,15 +196,23 @@ class Model:
         return logits, (caches, ln_c, dec)
 
     def _sources(self, batch: dict[str, Any]):
-        """(src, seg, wide_idx, wide_val) on the backend; seg defaults to all-call and the
-        wide features to none, for callers that built `src` by hand."""
+        """(src, seg, wide) on the backend; seg defaults to all-call and the wide features
+        to none, for callers that built `src` by hand."""
         xp = self.ops.xp
         src = xp.asarray(batch["src"])
         seg = xp.asarray(batch["seg"]) if "seg" in batch else xp.zeros_like(src)
-        if "wide_idx" in batch and "wide.w" in self.params:
-            return (src, seg, xp.asarray(batch["wide_idx"]),
-                    xp.asarray(batch["wide_val"], dtype=self.dtype))
-        return src, seg, None, None
+        return src, seg, self._wide_inputs(batch)
+
+    def _wide_inputs(self, batch: dict[str, Any]) -> dict | None:
+        """The wide path's features of a batch on the backend (ids int64, values in the
+        model's dtype), or None when the model or the batch has none."""
+        if "wide_idx" not in batch or "wide.w" not in self.params:
+            return None
+        keys = ("wide_idx", "wide_val") + (PAIR_KEYS if "wide.pair_call" in self.params
+                                           and PAIR_KEYS[0] in batch else ())
+        xp = self.ops.xp
+        return {k: xp.asarray(batch[k]) if k.endswith("_idx") else
+                xp.asarray(batch[k], dtype=self.dtype) for k in keys}
 
     # --- loss, forward and backward ------------------------------------------------------
     def loss(self, batch: dict[str, Any]) -> tuple[float, dict[str, float]]:
@@ -243,7 +266,7 @@ class Model:
         fraction `share` of a larger batch whose CE counts `ce_count` target tokens (see
         loss_parts_and_grads); `accumulate` adds to grad_flat instead of overwriting it."""
         cfg, ops, P, G, xp = self.cfg, self.ops, self.params, self.grads, self.ops.xp
-        src, seg, wide_idx, wide_val = self._sources(batch)
+        src, seg, wide = self._sources(batch)
         tgt_in, tgt_out = xp.asarray(batch["tgt_in"]), xp.asarray(batch["tgt_out"])
         label = xp.asarray(batch["label"], dtype=self.dtype)
         weight = xp.asarray(batch["weight"], dtype=self.dtype)
@@ -251,7 +274,7 @@ class Model:
         src_keep, call_mask, hist_mask = self._src_masks(src, seg)
 
         enc, enc_cache = self.encode(src, seg, keep_cache=need_grads)
-        z, pooled, denoms = self.gate_logit(enc, call_mask, hist_mask, wide_idx, wide_val)
+        z, pooled, denoms, sides = self.gate_logit(enc, call_mask, hist_mask, wide)
         bce, dz = ops.bce_with_logits(z, label, weight, self.lambda_bce * share)
         bce *= share
 
@@ -280,10 +303,18 @@ class Model:
 
         if not accumulate:
             self.grad_flat[...] = 0
-        # Wide path: dL/dw[idx_k] += wide_scale * dz * val_k (a scatter-add, exact).
-        if wide_idx is not None:
-            ops.embedding_bwd(G["wide.w"].reshape(-1, 1), wide_idx,
-                              (self.cfg.wide_scale * dz[:, None] * wide_val)[:, :, None])
+        # Wide path: dL/dw[idx_k] += wide_scale * dz * val_k (a scatter-add, exact); the
+        # pair term: dL/dU[c_k] += wide_scale * dz * cv_k * v, dL/dV[h_k] alike with u.
+        if wide is not None:
+            dzs = self.cfg.wide_scale * dz
+            ops.embedding_bwd(G["wide.w"].reshape(-1, 1), wide["wide_idx"],
+                              (dzs[:, None] * wide["wide_val"])[:, :, None])
+            if sides is not None:
+                u, v = sides
+                for name, side, other in (("wide.pair_call", "pc", v), ("wide.pair_hist", "ph", u)):
+                    ops.embedding_bwd(G[name], wide[f"wide_{side}_idx"],
+                                      (dzs[:, None] * wide[f"wide_{side}_val"])[:, :, None]
+                                      * other[:, None, :])
         # Gate head and the two mean-pools -> d enc.
         d = cfg.d_model
         dpooled = L.linear_bwd(dz[:, None], pooled, P["gate.w"], G["gate.w"], G["gate.b"])
@@ -328,6 +359,9 @@ class Model:
                  "tgt_out": tok[:, :t], "label": np.ones(batch_size),
                  "weight": np.ones(batch_size), "wide_idx": np.zeros((batch_size, k), np.int64),
                  "wide_val": np.zeros((batch_size, k))}
+        for side in ("pc", "ph"):  # the pair term's sides: at most MAX_STRUCTURED keys each
+            batch[f"wide_{side}_idx"] = np.zeros((batch_size, MAX_STRUCTURED), np.int64)
+            batch[f"wide_{side}_val"] = np.zeros((batch_size, MAX_STRUCTURED))
         batch["tgt_in"][:, 0] = BOS
         ewc, self.ewc = self.ewc, None
         try:
@@ -339,10 +373,10 @@ class Model:
     # --- serving -----------------------------------------------------------------------------
     def predict_logits(self, sources: dict[str, Any]):
         """Gate logits z for a `source_batch` (encoder and wide path only), on the backend."""
-        src, seg, wide_idx, wide_val = self._sources(sources)
+        src, seg, wide = self._sources(sources)
         enc, _ = self.encode(src, seg)
         _, call_mask, hist_mask = self._src_masks(src, seg)
-        return self.gate_logit(enc, call_mask, hist_mask, wide_idx, wide_val)[0]
+        return self.gate_logit(enc, call_mask, hist_mask, wide)[0]
 
     def predict_z(self, sources: dict[str, Any], chunk: int = 16) -> np.ndarray:
         """Gate logits as float64 host values (calibration works on logits), scored in
@@ -362,10 +396,10 @@ class Model:
         """(p_allow, greedy-decoded reason) for a one-row `source_batch`, sharing the
         encoder pass."""
         xp = self.ops.xp
-        src, seg, wide_idx, wide_val = self._sources(sources)
+        src, seg, wide = self._sources(sources)
         enc, _ = self.encode(src, seg)
         keep, call_mask, hist_mask = self._src_masks(src, seg)
-        z = self.gate_logit(enc, call_mask, hist_mask, wide_idx, wide_val)[0]
+        z = self.gate_logit(enc, call_mask, hist_mask, wide)[0]
         p = float(self.ops.to_numpy(self.ops.sigmoid(z))[0])
         tokens = [BOS]
         for _ in range(min(max_len, self.cfg.max_seq_len)):

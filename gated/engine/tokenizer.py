@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from .config import ModelConfig
-from .wide import pad_features, structured_features, wide_features
+from .wide import pad_features, pair_features, structured_features, wide_features
 
 PAD, BOS, EOS, SEP = 256, 257, 258, 259
 CUT_MARK = b" ... "
@@ -139,7 +139,8 @@ def source_batch(items: Sequence[tuple[str, Sequence[str] | None]],
                  cfg: ModelConfig) -> dict[str, np.ndarray]:
     """The encoder's inputs for (context, history) pairs, padded to the longest row:
     ``src`` [B, S] ids, ``seg`` [B, S] segment ids, and the wide path's sparse features
-    ``wide_idx`` / ``wide_val`` [B, K] (empty [B, 1] zeros when the model has none)."""
+    ``wide_idx`` / ``wide_val`` [B, K] (empty [B, 1] zeros when the model has none), and
+    the pair term's two sides ``wide_pc_*`` / ``wide_ph_*`` when the model has one."""
     if not items:
         raise ValueError("source_batch needs at least one (context, history) pair")
     encoded = [encode_source(c, h, cfg) for c, h in items]
@@ -156,6 +157,10 @@ def source_batch(items: Sequence[tuple[str, Sequence[str] | None]],
                                              cfg.wide_history_cross) for c, h in items),
                          strict=True)]
         out["wide_idx"], out["wide_val"] = pad_features(feats)
+        if cfg.wide_pair_rank:
+            pairs = [pair_features(c, h, cfg.wide_pair_buckets) for c, h in items]
+            out["wide_pc_idx"], out["wide_pc_val"] = pad_features([p[:2] for p in pairs])
+            out["wide_ph_idx"], out["wide_ph_val"] = pad_features([p[2:] for p in pairs])
     return out
 
 

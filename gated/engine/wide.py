@@ -149,53 +149,174 @@ def structured_features(context: str, history: Sequence[str] | None, buckets: in
             np.fromiter((v for _, v in out), np.float64, len(out)))
 
 
+#: Words of a file name, for the history keys of the call x history pair term.
+_NAME_WORD = re.compile(r"[A-Za-z0-9]+")
+
+
+def pair_features(context: str, history: Sequence[str] | None, buckets: int
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The two sides of the call x history pair term: (call idx, call val, history idx,
+    history val), bucket ids in 1..buckets-1.
+
+    - The call's site: its tool, and its tool and HTTP method when it has one (values
+      1/sqrt(count), so a site with a method is not louder than one without).
+    - The history's keys: for every entry with a ``path`` argument, the entry's tool and
+      the file's last component (``fs.read|.env``) and each word of that name (``env``,
+      ``secrets``, ``yml``), value 1 each, deduplicated over the entries -- a secret read
+      anywhere in the session's window counts once, however long the history is.
+
+    Why a product of the two (`pair_logit`) and not more crosses: the history rule is a
+    conjunction (an outbound call AND a secret read earlier); the linear crosses must learn
+    it separately for every (site, file) pair from a few examples each, while the call's
+    own words soak up the label. The factors share what they learn: a file's factor is
+    learned from every call site, a site's from every file (measured: docs/learning.md).
+    Empty sides give an empty product (zero logit)."""
+    tool, args = _parse_call(context)
+    method = args.get("method")
+    site = [f"p|{tool}"] + ([f"p|{tool}|{method}"] if isinstance(method, str) else [])
+    keys: dict[str, None] = {}
+    for entry in (history or [])[-MAX_STRUCTURED:]:
+        e_tool, e_args = _parse_call(entry)
+        path = e_args.get("path")
+        if isinstance(path, str) and path:
+            name = posixpath.basename(path.rstrip("/"))
+            keys.setdefault(f"h|{e_tool}|{name}")
+            for word in _NAME_WORD.findall(name)[:8]:
+                keys.setdefault(f"hw|{word}")
+        if len(keys) >= MAX_STRUCTURED:
+            break
+    c_idx = np.fromiter((_bucket(k, buckets) for k in site), np.int64, len(site))
+    h_idx = np.fromiter((_bucket(k, buckets) for k in keys), np.int64, len(keys))
+    return (c_idx, np.full(len(site), 1.0 / np.sqrt(len(site))),
+            h_idx, np.ones(len(keys)))
+
+
+def pair_logit(call_rows, call_val, hist_rows, hist_val):
+    """z_pair [B] = <u, v>, u = sum_k call_val[b,k] U[c_k], v = sum_k hist_val[b,k] V[h_k],
+    from the gathered rows ``U[call_idx]`` [B, K, rank] and ``V[hist_idx]`` (NumPy or CuPy
+    alike); returns (z_pair, u [B, rank], v [B, rank]): the two sides the backward needs.
+
+    d z_pair / d U[c] = sum_{k: c_k = c} call_val[b,k] v[b] (and V alike with u): a
+    scatter-add, exact (tests/test_wide.py checks it against central differences)."""
+    u = (call_val[:, :, None] * call_rows).sum(axis=1)
+    v = (hist_val[:, :, None] * hist_rows).sum(axis=1)
+    return (u * v).sum(axis=1), u, v
+
+
+def wide_logit_host(take, feats: dict, scale: float) -> np.ndarray:
+    """The wide path's logit [B] in float64 on the host: scale * (sum_k val_k w[idx_k] +
+    pair_logit). `take(name, idx)` returns the rows of the wide table `name` at `idx` as
+    host float64 (the model gathers on its backend and copies only those; the inference
+    plan reads its own copies), `feats` the batch's wide features as host arrays."""
+    z = (take("wide.w", feats["wide_idx"]) * feats["wide_val"]).sum(axis=1)
+    if PAIR_KEYS[0] in feats:
+        c_idx, c_val, h_idx, h_val = (feats[k] for k in PAIR_KEYS)
+        z = z + pair_logit(take("wide.pair_call", c_idx), c_val,
+                           take("wide.pair_hist", h_idx), h_val)[0]
+    return scale * z
+
+
+#: The pair term's features in a `source_batch` ("wide_" keys: the promotion gate's
+#: transformer-only forward drops every "wide_" key).
+PAIR_KEYS = ("wide_pc_idx", "wide_pc_val", "wide_ph_idx", "wide_ph_val")
+
+
 class WideAdaGrad:
     """Online AdaGrad on the wide path's weights, one signal at a time.
 
-    For a signal with sparse features (idx, val), the rest of the gate's logit `z_rest`
-    (the transformer's, held fixed), label y and weight w_i:
+    For a signal with sparse features (idx, val), pair features (c, cv, h, hv), the rest
+    of the gate's logit `z_rest` (the transformer's, held fixed), label y and weight w_i:
 
-        z = z_rest + scale * sum_k val_k W[idx_k]
-        dL/dW[j] = w_i (sigmoid(z) - y) * scale * sum_{k: idx_k = j} val_k  (+ l2 W[j])
-        G[j] += g_j^2;   W[j] -= lr g_j / (sqrt(G[j]) + eps)
+        z = z_rest + scale * (sum_k val_k W[idx_k] + <u, v>),
+            u = sum_k cv_k U[c_k],  v = sum_k hv_k V[h_k]          (pair_logit)
+        dz = w_i (sigmoid(z) - y)
+        dL/dW[j] = dz * scale * sum_{k: idx_k = j} val_k  (+ l2 W[j])
+        dL/dU[c] = dz * scale * cv_c v (+ l2 U[c]);  dL/dV[h] = dz * scale * hv_h u (+ l2 V[h])
+        G += g^2;   theta -= lr g / (sqrt(G) + eps)     (per coordinate; `pair_lr` for U, V)
 
-    `weights` and `accum` are views (the wide slice of the model's flat buffer and of
-    AdamW's `v`, which AdamW leaves alone), so a checkpoint carries both.
+    The weights and the sums are views (the wide slots of the model's flat buffer and of
+    AdamW's `v`, which AdamW leaves alone, `for_model`), so a checkpoint carries both.
     """
 
     def __init__(self, weights, accum, *, scale: float, lr: float = 0.5, l2: float = 1e-5,
-                 eps: float = 1e-8, xp=np) -> None:
+                 eps: float = 1e-8, xp=np, pair=None, pair_lr: float = 0.1) -> None:
         self.w, self.g2, self.scale, self.xp = weights, accum, scale, xp
         self.lr, self.l2, self.eps = lr, l2, eps
+        #: (U, sums of U, V, sums of V) of the call x history pair term, or None
+        self.pair, self.pair_lr = pair, pair_lr
+
+    @classmethod
+    def for_model(cls, model, accum_flat, **kw) -> WideAdaGrad:
+        """The wide path's optimiser over `model`'s wide slots, its sums in the same slots
+        of `accum_flat` (AdamW's `v`: a flat buffer with the model's layout)."""
+        from .layout import slots  # layout imports nothing from here; keep the module light
+        at = {s.name: s for s in slots(model.layout)}
+
+        def acc(name: str):
+            s = at[name]
+            return accum_flat[s.offset: s.offset + s.size].reshape(s.shape)
+        pair = None
+        if "wide.pair_call" in at:
+            pair = (model.params["wide.pair_call"], acc("wide.pair_call"),
+                    model.params["wide.pair_hist"], acc("wide.pair_hist"))
+        return cls(model.params["wide.w"][0], acc("wide.w")[0], scale=model.cfg.wide_scale,
+                   xp=model.ops.xp, pair=pair, **kw)
 
     def gradient(self, idx: np.ndarray, val: np.ndarray, z_rest: float, label: float,
-                 weight: float) -> tuple[np.ndarray, np.ndarray, float]:
+                 weight: float, pair=None) -> tuple[np.ndarray, np.ndarray, float]:
         """(unique buckets, dL/dW at them, logit z) of one signal's weighted BCE
         L = weight * (max(z, 0) - z y + log(1 + exp(-|z|))) (+ l2/2 ||W_touched||^2)."""
-        idx, g, z, _, _ = self._gradient(idx, val, z_rest, label, weight)
-        return idx, g, z
+        st = self._gradient(idx, val, z_rest, label, weight, pair)
+        return st["idx"], st["g"], st["z"]
+
+    def pair_gradient(self, idx, val, z_rest: float, label: float, weight: float, pair
+                      ) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+        """((call rows, dL/dU at them [n, rank]), (history rows, dL/dV at them)) of the
+        same loss as `gradient` (+ l2/2 of the touched rows)."""
+        st = self._gradient(idx, val, z_rest, label, weight, pair)
+        return st["pair"][0][:2], st["pair"][1][:2]
 
     def learn(self, idx: np.ndarray, val: np.ndarray, z_rest: float, label: float,
-              weight: float) -> float:
+              weight: float, pair=None) -> float:
         """One AdaGrad update from one signal; returns its logit before the update."""
-        _, g, z, d_idx, w_now = self._gradient(idx, val, z_rest, label, weight)
-        g2 = self._host(self.g2[d_idx]).astype(np.float64) + g * g
-        self.g2[d_idx] = self.xp.asarray(g2, dtype=self.g2.dtype)
-        self.w[d_idx] = self.xp.asarray(w_now - self.lr * g / (np.sqrt(g2) + self.eps),
-                                        dtype=self.w.dtype)
-        return z
+        st = self._gradient(idx, val, z_rest, label, weight, pair)
+        self._step(self.w, self.g2, st["d_idx"], st["w_now"], st["g"], self.lr)
+        if st["pair"]:  # only when the learner has a pair term and the signal its features
+            for (rows, g, now), table, sums in zip(st["pair"], self.pair[0::2], self.pair[1::2],
+                                                   strict=True):
+                if len(rows):
+                    self._step(table, sums, self.xp.asarray(rows), now, g, self.pair_lr)
+        return st["z"]
 
-    def _gradient(self, idx, val, z_rest, label, weight):
-        """`gradient`, plus the buckets on the backend and their weights (host, float64),
-        so an update reads each touched weight once."""
-        keep = val != 0
-        idx, inv = np.unique(np.asarray(idx)[keep], return_inverse=True)
-        val = np.bincount(inv, weights=np.asarray(val, np.float64)[keep])  # one entry a bucket
+    def _step(self, table, sums, d_idx, now, g, lr) -> None:
+        g2 = self._host(sums[d_idx]).astype(np.float64) + g * g
+        sums[d_idx] = self.xp.asarray(g2, dtype=sums.dtype)
+        table[d_idx] = self.xp.asarray(now - lr * g / (np.sqrt(g2) + self.eps),
+                                       dtype=table.dtype)
+
+    def _gradient(self, idx, val, z_rest, label, weight, pair) -> dict:
+        """Everything an update needs, each touched weight read once (host, float64): the
+        unique buckets, their weights and gradient, the logit, and per pair side
+        (unique rows, gradient, rows now)."""
+        idx, val = _unique_sum(idx, val)
         d_idx = self.xp.asarray(idx)
         w_now = self._host(self.w[d_idx]).astype(np.float64)
-        z = z_rest + self.scale * float(w_now @ val)
+        z_lin = float(w_now @ val)
+        sides = []
+        if self.pair is not None and pair is not None:
+            for table, (rows, vals) in ((self.pair[0], pair[:2]), (self.pair[2], pair[2:])):
+                rows, vals = _unique_sum(rows, vals)
+                now = self._host(table[self.xp.asarray(rows)]).astype(np.float64)
+                sides.append((rows, vals, now, vals @ now))  # vec: that side's sum
+        z_pair = float(sides[0][3] @ sides[1][3]) if sides else 0.0
+        z = z_rest + self.scale * (z_lin + z_pair)
         dz = weight * (0.5 * (1.0 + np.tanh(0.5 * z)) - label)
-        return idx, self.scale * dz * val + self.l2 * w_now, z, d_idx, w_now
+        out = {"idx": idx, "d_idx": d_idx, "w_now": w_now, "z": z,
+               "g": self.scale * dz * val + self.l2 * w_now, "pair": []}
+        for (rows, vals, now, _), (_, _, _, other) in zip(sides, sides[::-1], strict=True):
+            g = self.scale * dz * vals[:, None] * other[None, :] + self.l2 * now
+            out["pair"].append((rows, g, now))
+        return out
 
     @staticmethod
     def _host(a) -> np.ndarray:
@@ -206,6 +327,17 @@ class WideAdaGrad:
         change AdaGrad's steps have shrunk with everything it has seen; relaxing them
         lets the wide path move as fast as at the start."""
         self.g2 *= factor
+        if self.pair is not None:
+            self.pair[1][...] *= factor
+            self.pair[3][...] *= factor
+
+
+def _unique_sum(idx, val) -> tuple[np.ndarray, np.ndarray]:
+    """(unique ids, summed values) of sparse (ids, values), zero values (padding) dropped."""
+    val = np.asarray(val, np.float64)
+    keep = val != 0
+    idx, inv = np.unique(np.asarray(idx)[keep], return_inverse=True)
+    return idx, np.bincount(inv, weights=val[keep], minlength=len(idx))
 
 
 def pad_features(feats: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:

@@ -26,7 +26,7 @@ import numpy as np
 
 from ...config import TrainConfig
 from ...engine import EWC, AdamW, Model, build_batch, source_batch, train_step
-from ...engine.wide import WideAdaGrad
+from ...engine.wide import PAIR_KEYS, WideAdaGrad
 from ...online import AlignmentWindow
 from ...online.monitor import Monitor, MonitorSettings
 from ...online.per_tool import tool_of
@@ -149,9 +149,8 @@ class Trainer(GpuFallback, threading.Thread):
         self.wide = None
         if "wide.w" in model.params:
             # The wide path's AdaGrad state is the tail of AdamW's v, which AdamW skips.
-            self.wide = WideAdaGrad(model.params["wide.w"][0], self.opt.v[model.deep_size:],
-                                    scale=model.cfg.wide_scale, lr=s.wide_lr, l2=s.wide_l2,
-                                    xp=model.ops.xp)
+            self.wide = WideAdaGrad.for_model(model, self.opt.v, lr=s.wide_lr, l2=s.wide_l2,
+                                              pair_lr=s.wide_pair_lr)
         self._wide_dirty = False  # wide weights changed since the last swap
         xp = model.ops.xp
         model.ewc = EWC(model.num_params, lam=s.lambda_ewc, decay=s.ewc_decay, xp=xp,
@@ -454,8 +453,11 @@ class Trainer(GpuFallback, threading.Thread):
         for i, ex in enumerate(fresh):
             if ex.get("held"):
                 continue
+            pair = (tuple(sources[k][i] for k in PAIR_KEYS) if PAIR_KEYS[0] in sources
+                    else None)
             self.wide.learn(sources["wide_idx"][i], sources["wide_val"][i],
-                            float(z_deep[i]) if residual else 0.0, ex["label"], ex["weight"])
+                            float(z_deep[i]) if residual else 0.0, ex["label"], ex["weight"],
+                            pair)
         self._wide_dirty = True
 
     def _on_drift(self, began_seq: int) -> None:
