@@ -10,6 +10,8 @@ daemon's wide path is at best) for each setting of
 - ``words``: `ModelConfig.wide_call_words` (argument words keyed by tool and argument),
 - ``cross``: `ModelConfig.wide_history_cross` ((tool, method) x history entry's file),
 - ``l2``: `TrainConfig.wide_l2`,
+- ``pair``: `ModelConfig.wide_pair_rank` (the call x history pair term; optional 4th
+  field, default 0) and ``pair_lr``: `TrainConfig.wide_pair_lr` (5th, default 0.1),
 
 with features built by the daemon's own `source_batch`, beside the anchor (bench/anchor.py)
 on the same signals, and prints: how many 500-signal checkpoints it is ahead of the anchor
@@ -20,6 +22,8 @@ precision) and the history-rule pairs.
     .venv/bin/python bench/bench_wide_features.py                 # the table in learning.md
     .venv/bin/python bench/bench_wide_features.py --seeds 0 1 2 --grid 0.3,0.3,1e-3
     .venv/bin/python bench/bench_wide_features.py --grid 0.3,0.3,1e-3 --lag 100
+    .venv/bin/python bench/bench_wide_features.py --seeds 0 1 2 --signals 8000 \
+        --switch-at 7000 --grid 0.3,0.3,1e-3 0.3,0.3,1e-3,8 0.3,0.3,1e-3,8,0.3   # pair term
 """
 
 from __future__ import annotations
@@ -36,8 +40,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from anchor import HashedNgramLR, anchor_text, label_weight  # noqa: E402
 
 from gated.engine.config import ModelConfig  # noqa: E402
+from gated.engine.model import Model  # noqa: E402
 from gated.engine.tokenizer import source_batch  # noqa: E402
-from gated.engine.wide import WideAdaGrad  # noqa: E402
+from gated.engine.wide import PAIR_KEYS, WideAdaGrad  # noqa: E402
 from gated.traffic import GatewayTraffic  # noqa: E402
 
 CHECK = 500
@@ -48,31 +53,38 @@ DEFAULT_GRID = ["0,0,1e-5", "0,0,1e-3", "0.3,0,1e-5", "0.3,0,1e-3", "0,0.3,1e-3"
 
 
 def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: int,
-           probes: int, points: tuple[int, ...], lag: int = 1) -> dict:
+           probes: int, points: tuple[int, ...], lag: int = 1, pair_rank: int = 0,
+           pair_lr: float = 0.1) -> dict:
     """One setting's run; `lag` > 1 scores each signal with weights that have not yet
     learned the previous `lag` - 1 (updates applied in groups of `lag`), as the daemon's
-    trainer scores a step's arrivals with the weights published before them."""
+    trainer scores a step's arrivals with the weights published before them. `pair_rank`
+    > 0 adds the call x history pair term (its tables initialised as the daemon's)."""
     cfg = dataclasses.replace(ModelConfig.preset("flint"), wide_call_words=words,
-                              wide_history_cross=cross)
+                              wide_history_cross=cross, wide_pair_rank=pair_rank)
 
-    def feats(context: str, history: list[str] | None) -> tuple[np.ndarray, np.ndarray]:
+    def feats(context: str, history: list[str] | None) -> tuple:
         b = source_batch([(context, history)], cfg)
-        return b["wide_idx"][0], b["wide_val"][0]
+        pair = tuple(b[k][0] for k in PAIR_KEYS) if pair_rank else None
+        return b["wide_idx"][0], b["wide_val"][0], 0.0, pair
 
-    wide = WideAdaGrad(np.zeros(cfg.wide_buckets), np.zeros(cfg.wide_buckets), scale=1.0,
-                       lr=0.5, l2=l2)
+    model = Model.init(cfg, seed=0, dtype="float64")  # the wide slots, initialised
+    wide = WideAdaGrad.for_model(model, np.zeros(model.num_params), lr=0.5, l2=l2,
+                                 pair_lr=pair_lr)
     anchor = HashedNgramLR()
     stream, probe_src = GatewayTraffic(seed=seed), GatewayTraffic(seed=seed)
     right_w, right_a, at, pending = [], [], {}, []
 
     def flush() -> None:
         for f_p, y_p, w_p in pending:
-            wide.learn(*f_p, 0.0, y_p, w_p)
+            wide.learn(*f_p[:3], y_p, w_p, f_p[3])
         pending.clear()
 
     def z_of(events) -> np.ndarray:
-        return np.array([wide.gradient(*feats(e.signal["context"], e.signal["history"]),
-                                       0.0, 1.0, 1.0)[2] for e in events])
+        return np.array([z_of_one(feats(e.signal["context"], e.signal["history"]))
+                         for e in events])
+
+    def z_of_one(f) -> float:
+        return wide.gradient(*f[:3], 1.0, 1.0, f[3])[2]
 
     for i in range(n):
         if i == switch_at:
@@ -82,7 +94,7 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
         f = feats(s["context"], s.get("history"))
         text = anchor_text(s["context"], s.get("history"))
         if not ev.is_correction:
-            right_w.append((wide.gradient(*f, 0.0, 1.0, 1.0)[2] >= 0) == ev.true_allow)
+            right_w.append((z_of_one(f) >= 0) == ev.true_allow)
             right_a.append((anchor.predict_proba(text) >= 0.5) == ev.true_allow)
         y, w = label_weight(s)
         pending.append((f, y, w))
@@ -106,7 +118,8 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--grid", nargs="+", default=DEFAULT_GRID, metavar="WORDS,CROSS,L2")
+    ap.add_argument("--grid", nargs="+", default=DEFAULT_GRID,
+                    metavar="WORDS,CROSS,L2[,PAIR_RANK[,PAIR_LR]]")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--signals", type=int, default=12000)
     ap.add_argument("--switch-at", type=int, default=4000)
@@ -114,18 +127,24 @@ def main() -> None:
     ap.add_argument("--lag", type=int, default=1, help="signals scored before learning")
     a = ap.parse_args()
     points = (a.switch_at - 500, a.signals - 500)
-    print(f"| words | cross | l2 | seed | ahead of anchor | mean / worst diff | unseen "
-          f"@{points[0]} / @{points[1]} | block recall | allow precision | history rule |")
-    print("| ---: | ---: | ---: | ---: | ---: | --- | --- | --- | --- | --- |")
+    print(f"| words | cross | l2 | pair rank, lr | seed | ahead of anchor | mean / worst diff | "
+          f"unseen @{points[0]} / @{points[1]} | block recall | allow precision | "
+          "history rule |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- | --- | --- |")
     for spec in a.grid:
-        words, cross, l2 = (float(x) for x in spec.split(","))
+        fields = [float(x) for x in spec.split(",")]
+        words, cross, l2 = fields[:3]
+        rank, pair_lr = (int(fields[3]) if len(fields) > 3 else 0,
+                         fields[4] if len(fields) > 4 else 0.1)
         for seed in a.seeds:
-            r = replay(words, cross, l2, seed, a.signals, a.switch_at, a.probes, points, a.lag)
+            r = replay(words, cross, l2, seed, a.signals, a.switch_at, a.probes, points, a.lag,
+                       rank, pair_lr)
             p0, p1 = (r["at"][p] for p in points)
 
             def pair(k: str, p0=p0, p1=p1) -> str:
                 return f"{p0[k]:.3f} / {p1[k]:.3f}"
-            print(f"| {words:g} | {cross:g} | {l2:g} | {seed} | {r['ahead']}/{r['checks']} | "
+            print(f"| {words:g} | {cross:g} | {l2:g} | {rank}, {pair_lr:g} | {seed} | "
+                  f"{r['ahead']}/{r['checks']} | "
                   f"{r['mean']:+.4f} / {r['worst']:+.3f} | {pair('unseen')} | "
                   f"{pair('recall')} | {pair('allow_prec')} | {pair('history')} |", flush=True)
 
