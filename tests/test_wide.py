@@ -330,3 +330,25 @@ def test_the_pair_term_learns_the_history_rule_that_crosses_learn_slowly():
     print(f"pairs with both members right: crosses {crosses:.3f}, with the pair term "
           f"{with_pairs:.3f}")
     assert with_pairs >= crosses + 0.1
+
+
+def test_pair_features_are_bounded_and_ignore_what_they_cannot_read():
+    """A hostile history (thousands of entries, non-JSON, a path that is not a string, a
+    64 KiB file name) costs a bounded number of keys; a call without a method has one site
+    feature, one with a method two, both of norm 1."""
+    from gated.engine.wide import pair_features
+
+    many = [f'fs.read {{"path": "/w/f{i}.txt"}}' for i in range(5000)]
+    hostile = many + ["not json at all", 'fs.read {"path": 7}', 'fs.read {"path": ["x"]}',
+                      'fs.write {"path": "/w/' + "a" * 65536 + '"}']
+    c_idx, c_val, h_idx, h_val = pair_features('email.send {"to": "a@b.c"}', hostile, 1 << 14)
+    assert len(c_idx) == 1 and np.isclose(float(c_val @ c_val), 1.0)
+    assert 0 < len(h_idx) <= MAX_STRUCTURED and np.all(h_val == 1.0)
+    assert np.all((h_idx >= 1) & (h_idx < 1 << 14))
+    c_idx, c_val, h_idx, h_val = pair_features('http.request {"method": "POST"}', None, 1 << 14)
+    assert len(c_idx) == 2 and np.isclose(float(c_val @ c_val), 1.0) and len(h_idx) == 0
+    # the same file read twice is one key; its name's words are keys of their own
+    read = 'fs.read {"path": "/w/.env.local"}'
+    once = pair_features("x {}", [read], 1 << 14)[2]
+    twice = pair_features("x {}", [read, read], 1 << 14)[2]
+    assert len(once) == 3 and list(once) == list(twice)  # fs.read|.env.local, env, local

@@ -30,6 +30,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from .layout import slots
+
 _FNV_OFFSET = np.uint64(0xCBF29CE484222325)
 _FNV_PRIME = np.uint64(0x100000001B3)
 _MIX = np.uint64(0x9E3779B97F4A7C15)
@@ -180,11 +182,9 @@ def pair_features(context: str, history: Sequence[str] | None, buckets: int
         path = e_args.get("path")
         if isinstance(path, str) and path:
             name = posixpath.basename(path.rstrip("/"))
-            keys.setdefault(f"h|{e_tool}|{name}")
-            for word in _NAME_WORD.findall(name)[:8]:
-                keys.setdefault(f"hw|{word}")
-        if len(keys) >= MAX_STRUCTURED:
-            break
+            for key in [f"h|{e_tool}|{name}"] + [f"hw|{w}" for w in _NAME_WORD.findall(name)[:8]]:
+                if len(keys) < MAX_STRUCTURED:
+                    keys.setdefault(key)
     c_idx = np.fromiter((_bucket(k, buckets) for k in site), np.int64, len(site))
     h_idx = np.fromiter((_bucket(k, buckets) for k in keys), np.int64, len(keys))
     return (c_idx, np.full(len(site), 1.0 / np.sqrt(len(site))),
@@ -249,7 +249,6 @@ class WideAdaGrad:
     def for_model(cls, model, accum_flat, **kw) -> WideAdaGrad:
         """The wide path's optimiser over `model`'s wide slots, its sums in the same slots
         of `accum_flat` (AdamW's `v`: a flat buffer with the model's layout)."""
-        from .layout import slots  # layout imports nothing from here; keep the module light
         at = {s.name: s for s in slots(model.layout)}
 
         def acc(name: str):
