@@ -196,7 +196,7 @@ def test_a_drift_relaxes_the_wide_path(tmp_path):
 def test_without_wide_residual_the_wide_path_is_a_standalone_learner(tmp_path):
     """`wide_residual = false`: the wide path learns as a logistic regression of its own
     (the rest of the logit held at 0), whatever the transformer says: its weights equal
-    a WideAdaGrad fed the same signals alone, exactly. With the default (true) they do not:
+    a WideAdaGrad fed the same signals alone, exactly (one pass: `wide_replay = 0`). With the default (true) they do not:
     there it learns the residual of the serving transformer's logit."""
     from gated.engine import source_batch
     from gated.signals import training_example
@@ -208,7 +208,7 @@ def test_without_wide_residual_the_wide_path_is_a_standalone_learner(tmp_path):
     got = {}
     for residual in (False, True):
         store, trainer, _ = _trainer(tmp_path / str(residual), wide_residual=residual,
-                                     promotion_holdout_share=0.0)
+                                     promotion_holdout_share=0.0, wide_replay=0)
         trainer.model.params["gate.b"][...] = 2.0  # a transformer that says "allow"
         assert trainer.publish_now()
         store.append_signals(signals)
@@ -352,3 +352,27 @@ def test_pair_features_are_bounded_and_ignore_what_they_cannot_read():
     once = pair_features("x {}", [read], 1 << 14)[2]
     twice = pair_features("x {}", [read, read], 1 << 14)[2]
     assert len(once) == 3 and list(once) == list(twice)  # fs.read|.env.local, env, local
+
+
+def test_the_wide_path_replays_reservoir_examples_with_their_current_labels(tmp_path):
+    """`wide_replay`: after each fresh signal the wide path learns reservoir examples again
+    (its weights differ from one pass over the same signals), and what it replays carries
+    the label a person's correction gave the call, never the gate's superseded one."""
+    signals = [{"context": f"fs.read src/{i}.py", "decision": "allow"} for i in range(30)]
+    correction = {"context": "fs.read src/0.py", "decision": "allow",
+                  "feedback": "false_negative"}
+    got = {}
+    for replay in (0, 2):
+        store, trainer, _ = _trainer(tmp_path / str(replay), promotion_holdout_share=0.0,
+                                     wide_replay=replay)
+        store.append_signals(signals + [correction])
+        while trainer.status.last_trained_seq < len(signals) + 1:
+            trainer.train_on(store.read_signals(trainer.status.last_trained_seq, 8))
+        got[replay] = trainer.model.params["wide.w"][0].copy()
+        if replay:
+            examples, sources = trainer._wide_replay(200)
+            assert len(examples) == 30 == sources["wide_idx"].shape[0]  # one per call
+            labels = {e["label"] for e in examples if e["context"] == "fs.read src/0.py"}
+            assert labels == {0.0}  # the correction's block, not the gate's allow
+        store.close()
+    assert not np.array_equal(got[0], got[2])

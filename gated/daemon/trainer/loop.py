@@ -369,9 +369,9 @@ class Trainer(GpuFallback, threading.Thread):
             ex["held"] = self.promotion.holds(ex)
             if ex["feedback"] in CORRECTIONS:
                 self.promotion.relabel(ex["fp"], ex["label"])
+        self.latest.note(fresh_examples)  # before the wide path replays (`_learn_wide`)
         self._candidates += self._score(fresh_examples)
         self.promotion.add([ex for ex in fresh_examples if ex["held"]])
-        self.latest.note(fresh_examples)
         self.status.last_trained_seq = fresh[-1][0]
         self.store.reservoir_add([ex for ex in fresh_examples if not ex["held"]], self.rng)
 
@@ -444,21 +444,44 @@ class Trainer(GpuFallback, threading.Thread):
         """The wide path learns from every fresh signal, in order, at once: AdaGrad with
         the serving transformer's logit as the fixed rest of the gate's (engine/wide.py),
         or with 0 there when `wide_residual` is off (it then learns on its own, and only
-        the transformer's step sees the other part).
+        the transformer's step sees the other part). After each, `train.wide_replay`
+        examples from the replay reservoir, interleaved (`_wide_replay`): a second look at
+        what came before, which a single pass lacks on the first few hundred signals
+        (measured: docs/learning.md, "The wide path replays").
         Cheap (a few hundred buckets per signal), so nothing is skipped, not even when the
         transformer falls behind."""
         if self.wide is None:
             return
         residual = self.settings.wide_residual
-        for i, ex in enumerate(fresh):
-            if ex.get("held"):
-                continue
-            pair = (tuple(sources[k][i] for k in PAIR_KEYS) if PAIR_KEYS[0] in sources
-                    else None)
-            self.wide.learn(sources["wide_idx"][i], sources["wide_val"][i],
-                            float(z_deep[i]) if residual else 0.0, ex["label"], ex["weight"],
-                            pair)
+        learn = [i for i, ex in enumerate(fresh) if not ex.get("held")]
+        replay, r_src = self._wide_replay(len(learn) * self.settings.wide_replay)
+        per = len(replay) / max(1, len(learn))
+        for n, i in enumerate(learn):
+            ex = fresh[i]
+            self._learn_wide_one(sources, i, float(z_deep[i]) if residual else 0.0,
+                                 ex["label"], ex["weight"])
+            for j in range(round(n * per), round((n + 1) * per)):  # interleaved, in turn
+                self._learn_wide_one(r_src, j, 0.0, replay[j]["label"], replay[j]["weight"])
         self._wide_dirty = True
+
+    def _learn_wide_one(self, sources: dict, i: int, z_rest: float, label: float,
+                        weight: float) -> None:
+        pair = tuple(sources[k][i] for k in PAIR_KEYS) if PAIR_KEYS[0] in sources else None
+        self.wide.learn(sources["wide_idx"][i], sources["wide_val"][i], z_rest, label, weight,
+                        pair)
+
+    def _wide_replay(self, n: int) -> tuple[list[dict], dict]:
+        """`n` examples from the replay reservoir for the wide path to learn again, as the
+        transformer's step draws them (uniform; superseded and relabelled by corrections,
+        dropped after a drift, contradicted ones left out: `LatestLabels`), with their
+        features. None with `wide_residual` (their transformer logits would cost a forward)."""
+        if n <= 0 or self.settings.wide_residual:
+            return [], {}
+        replay = self.latest.current(self.store.reservoir_sample(n, self.rng))
+        if not replay:
+            return [], {}
+        return replay, source_batch([(e["context"], e["history"]) for e in replay],
+                                    self.model.cfg)
 
     def _on_drift(self, began_seq: int) -> None:
         """A policy change: stop replaying what the old policy labelled, relax EWC and
