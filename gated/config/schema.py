@@ -152,10 +152,12 @@ class TrainConfig:
     wide_l2: float = _opt(1e-3, "L2 penalty of the wide path's weights (1e-3: the sweep in "
                           "docs/learning.md; it is what lets unseen values fall back on "
                           "the shared features)", hot=True, lo=0.0)
-    wide_replay: int = _opt(1, "examples from the replay reservoir the wide path learns "
+    wide_replay: int = _opt(0, "examples from the replay reservoir the wide path learns "
                             "again per fresh signal (the reservoir's, relabelled by "
                             "corrections and dropped after a drift); 0 = one pass over the "
-                            "stream. Ignored with wide_residual", hot=True, lo=0, hi=16)
+                            "stream (measured better after a policy change: "
+                            "docs/learning.md). Ignored with wide_residual", hot=True, lo=0,
+                            hi=16)
     wide_pair_lr: float = _opt(0.1, "AdaGrad learning rate of the wide path's call x history "
                                "pair term (0.1: the sweep in docs/learning.md; larger adds "
                                "noise on the first signals)", hot=True, lo=0.0, hi=100.0)

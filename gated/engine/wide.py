@@ -4,7 +4,10 @@ A linear logit over these (``wide.w``, see model.py) learns from the first signa
 while the transformer is still slow; its gradient is exact (a scatter-add). The call and
 the history are hashed with different salts, so ``.env`` in the history and ``.env`` in
 the call are different features, and each segment's count vector is L2-normalised on its
-own, so a long history does not dilute the call.
+own, so a long history does not dilute the call. Beside the linear logit, one product
+term (`pair_features`, `pair_logit`: ``wide.pair_call`` x ``wide.pair_hist``) lets a
+conjunction of the call's site and a file read earlier in the session -- the history
+rule -- be learned from every site and every file at once.
 
 The hash is a 64-bit multiply-xor over the n-gram's token ids (FNV-1a's constants), fully
 vectorised with NumPy; it is stable across runs and machines (no Python ``hash``), so a

@@ -446,8 +446,8 @@ class Trainer(GpuFallback, threading.Thread):
         or with 0 there when `wide_residual` is off (it then learns on its own, and only
         the transformer's step sees the other part). After each, `train.wide_replay`
         examples from the replay reservoir, interleaved (`_wide_replay`): a second look at
-        what came before, which a single pass lacks on the first few hundred signals
-        (measured: docs/learning.md, "The wide path replays").
+        what came before (off by default: it learns faster before a policy change and
+        adapts slower after one; docs/learning.md, "The wide path replays").
         Cheap (a few hundred buckets per signal), so nothing is skipped, not even when the
         transformer falls behind."""
         if self.wide is None:
