@@ -196,8 +196,9 @@ def test_a_drift_relaxes_the_wide_path(tmp_path):
 def test_without_wide_residual_the_wide_path_is_a_standalone_learner(tmp_path):
     """`wide_residual = false`: the wide path learns as a logistic regression of its own
     (the rest of the logit held at 0), whatever the transformer says: its weights equal
-    a WideAdaGrad fed the same signals alone, exactly (one pass: `wide_replay = 0`). With the default (true) they do not:
-    there it learns the residual of the serving transformer's logit."""
+    a WideAdaGrad fed the same signals alone, exactly (one pass: `wide_replay = 0`). With
+    `wide_residual = true` they do not: there it learns the residual of the serving
+    transformer's logit."""
     from gated.engine import source_batch
     from gated.signals import training_example
 
