@@ -56,6 +56,7 @@ CHECK_EVERY = 500
 #: Model variants for the ablation (DESIGN.md section 1's revision).
 VARIANTS = {
     "v2": {},  # format 2 + the wide path: the default
+    "v2-no-pair": {"wide_pair_rank": 0},  # the wide path without its call x history pair term
     "v2-deep": {"wide_buckets": 0},  # format 2, transformer only
     "v1-deep": {"source_format": 1, "wide_buckets": 0},  # the encoding before the change
 }
