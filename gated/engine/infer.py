@@ -26,7 +26,7 @@ import numpy as np
 from .model import length_chunks
 from .ops_numpy import gelu_tanh
 from .tokenizer import PAD
-from .wide import wide_logit_host
+from .wide import wide_feature_keys, wide_logit_host, wide_table
 
 
 def _layernorm(x: np.ndarray, g: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
@@ -126,14 +126,13 @@ class InferencePlan:
         z = (np.concatenate(pools, axis=1) @ self.gate_w)[:, 0] + self.gate_b[0]
         z = z.astype(np.float64)
         if self.wide and "wide_idx" in sources:
-            feats = {k: np.asarray(v) for k, v in sources.items() if k.startswith("wide_")
-                     and (k in ("wide_idx", "wide_val") or "wide.pair_call" in self.wide)}
+            feats = {k: np.asarray(sources[k])
+                     for k in wide_feature_keys(sources, "wide.pair_call" in self.wide)}
             z += wide_logit_host(self._take, feats, cfg.wide_scale)
         return z
 
     def _take(self, name: str, idx: np.ndarray) -> np.ndarray:
-        table = self.wide[name][0] if name == "wide.w" else self.wide[name]
-        return table[idx].astype(np.float64)
+        return wide_table(self.wide, name)[idx].astype(np.float64)
 
     def predict_z(self, sources: dict[str, Any], chunk: int = 16) -> np.ndarray:
         """`logits` in length-sorted chunks of `chunk` rows, as Model.predict_z."""

@@ -16,7 +16,14 @@ from .config import ModelConfig
 from .layout import decay_mask, init_flat, num_params, param_layout, views
 from .ops_numpy import NumpyOps
 from .tokenizer import BOS, EOS, PAD, decode_bytes
-from .wide import MAX_STRUCTURED, PAIR_KEYS, pair_logit, wide_logit_host
+from .wide import (
+    MAX_STRUCTURED,
+    PAIR_KEYS,
+    pair_logit,
+    wide_feature_keys,
+    wide_logit_host,
+    wide_table,
+)
 
 
 def get_ops(backend: str) -> NumpyOps:
@@ -122,11 +129,10 @@ class Model:
         P, xp = self.params, self.ops.xp
 
         def take(name: str, idx) -> np.ndarray:  # only the touched rows leave the device
-            table = P[name][0] if name == "wide.w" else P[name]
-            return self.ops.to_numpy(table[xp.asarray(idx)]).astype(np.float64)
-        keys = ("wide_idx", "wide_val") + (PAIR_KEYS if "wide.pair_call" in P else ())
+            return self.ops.to_numpy(wide_table(P, name)[xp.asarray(idx)]).astype(np.float64)
+        keys = wide_feature_keys(sources, "wide.pair_call" in P)
         return wide_logit_host(take, {k: np.asarray(self.ops.to_numpy(sources[k]))
-                                      for k in keys if k in sources}, self.cfg.wide_scale)
+                                      for k in keys}, self.cfg.wide_scale)
 
     def decay_mask(self) -> np.ndarray:
         return decay_mask(self.layout)
@@ -173,7 +179,7 @@ class Model:
         sides = None
         if wide is not None:
             z_wide = (P["wide.w"][0][wide["wide_idx"]] * wide["wide_val"]).sum(axis=1)
-            if "wide_pc_idx" in wide:
+            if PAIR_KEYS[0] in wide:
                 c_idx, c_val, h_idx, h_val = (wide[k] for k in PAIR_KEYS)
                 z_pair, u, v = pair_logit(P["wide.pair_call"][c_idx], c_val,
                                           P["wide.pair_hist"][h_idx], h_val)
@@ -208,8 +214,7 @@ class Model:
         model's dtype), or None when the model or the batch has none."""
         if "wide_idx" not in batch or "wide.w" not in self.params:
             return None
-        keys = ("wide_idx", "wide_val") + (PAIR_KEYS if "wide.pair_call" in self.params
-                                           and PAIR_KEYS[0] in batch else ())
+        keys = wide_feature_keys(batch, "wide.pair_call" in self.params)
         xp = self.ops.xp
         return {k: xp.asarray(batch[k]) if k.endswith("_idx") else
                 xp.asarray(batch[k], dtype=self.dtype) for k in keys}

@@ -33,7 +33,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .layout import slots
+from .layout import views
 
 _FNV_OFFSET = np.uint64(0xCBF29CE484222325)
 _FNV_PRIME = np.uint64(0x100000001B3)
@@ -206,6 +206,12 @@ def pair_logit(call_rows, call_val, hist_rows, hist_val):
     return (u * v).sum(axis=1), u, v
 
 
+def wide_table(params: dict, name: str):
+    """The wide table `name` as rows to gather: ``wide.w`` is stored [1, buckets] (one
+    logit's weights), the pair term's tables [buckets, rank]."""
+    return params[name][0] if name == "wide.w" else params[name]
+
+
 def wide_logit_host(take, feats: dict, scale: float) -> np.ndarray:
     """The wide path's logit [B] in float64 on the host: scale * (sum_k val_k w[idx_k] +
     pair_logit). `take(name, idx)` returns the rows of the wide table `name` at `idx` as
@@ -222,6 +228,13 @@ def wide_logit_host(take, feats: dict, scale: float) -> np.ndarray:
 #: The pair term's features in a `source_batch` ("wide_" keys: the promotion gate's
 #: transformer-only forward drops every "wide_" key).
 PAIR_KEYS = ("wide_pc_idx", "wide_pc_val", "wide_ph_idx", "wide_ph_val")
+
+
+def wide_feature_keys(batch: dict, with_pair: bool) -> tuple[str, ...]:
+    """The wide features a model reads from `batch`: the n-gram ones, and the pair term's
+    when the model has one (`with_pair`) and the batch carries them."""
+    return ("wide_idx", "wide_val") + (PAIR_KEYS if with_pair and PAIR_KEYS[0] in batch
+                                       else ())
 
 
 class WideAdaGrad:
@@ -252,16 +265,12 @@ class WideAdaGrad:
     def for_model(cls, model, accum_flat, **kw) -> WideAdaGrad:
         """The wide path's optimiser over `model`'s wide slots, its sums in the same slots
         of `accum_flat` (AdamW's `v`: a flat buffer with the model's layout)."""
-        at = {s.name: s for s in slots(model.layout)}
-
-        def acc(name: str):
-            s = at[name]
-            return accum_flat[s.offset: s.offset + s.size].reshape(s.shape)
+        acc = views(accum_flat, model.layout)
         pair = None
-        if "wide.pair_call" in at:
-            pair = (model.params["wide.pair_call"], acc("wide.pair_call"),
-                    model.params["wide.pair_hist"], acc("wide.pair_hist"))
-        return cls(model.params["wide.w"][0], acc("wide.w")[0], scale=model.cfg.wide_scale,
+        if "wide.pair_call" in acc:
+            pair = (model.params["wide.pair_call"], acc["wide.pair_call"],
+                    model.params["wide.pair_hist"], acc["wide.pair_hist"])
+        return cls(model.params["wide.w"][0], acc["wide.w"][0], scale=model.cfg.wide_scale,
                    xp=model.ops.xp, pair=pair, **kw)
 
     def gradient(self, idx: np.ndarray, val: np.ndarray, z_rest: float, label: float,
