@@ -11,7 +11,9 @@ daemon's wide path is at best) for each setting of
 - ``cross``: `ModelConfig.wide_history_cross` ((tool, method) x history entry's file),
 - ``l2``: `TrainConfig.wide_l2`,
 - ``pair``: `ModelConfig.wide_pair_rank` (the call x history pair term; optional 4th
-  field, default 0) and ``pair_lr``: `TrainConfig.wide_pair_lr` (5th, default 0.1),
+  field, default 0), ``pair_lr``: `TrainConfig.wide_pair_lr` (5th, default 0.1) and
+  ``pool``: `ModelConfig.wide_pair_pool` (6th, default 0.5, the daemon's: the history
+  keys' soft minimum; 0 sums them, as every table before the pooling did),
 
 with features built by the daemon's own `source_batch`, beside the anchor (bench/anchor.py)
 on the same signals, and prints: how many 500-signal checkpoints it is ahead of the anchor
@@ -23,7 +25,9 @@ precision) and the history-rule pairs.
     .venv/bin/python bench/bench_wide_features.py --seeds 0 1 2 --grid 0.3,0.3,1e-3
     .venv/bin/python bench/bench_wide_features.py --grid 0.3,0.3,1e-3 --lag 100
     .venv/bin/python bench/bench_wide_features.py --seeds 0 1 2 --signals 8000 \
-        --switch-at 7000 --grid 0.3,0.3,1e-3 0.3,0.3,1e-3,8 0.3,0.3,1e-3,8,0.3   # pair term
+        --switch-at 7000 --grid 0.3,0.3,1e-3 0.3,0.3,1e-3,8,0.1,0 0.3,0.3,1e-3,8   # pair term
+    .venv/bin/python bench/bench_wide_features.py --seeds 0 1 2 3 4 5 --signals 4500 \
+        --switch-at 4000 --grid 0.3,0.3,1e-3,8,0.1,0 0.3,0.3,1e-3,8,0.1,0.5      # pooling
 """
 
 from __future__ import annotations
@@ -54,13 +58,15 @@ DEFAULT_GRID = ["0,0,1e-5", "0,0,1e-3", "0.3,0,1e-5", "0.3,0,1e-3", "0,0.3,1e-3"
 
 def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: int,
            probes: int, points: tuple[int, ...], lag: int = 1, pair_rank: int = 0,
-           pair_lr: float = 0.1) -> dict:
+           pair_lr: float = 0.1, pool: float = 0.5) -> dict:
     """One setting's run; `lag` > 1 scores each signal with weights that have not yet
     learned the previous `lag` - 1 (updates applied in groups of `lag`), as the daemon's
     trainer scores a step's arrivals with the weights published before them. `pair_rank`
-    > 0 adds the call x history pair term (its tables initialised as the daemon's)."""
+    > 0 adds the call x history pair term (its tables initialised as the daemon's), its
+    history keys pooled by `pool`."""
     cfg = dataclasses.replace(ModelConfig.preset("flint"), wide_call_words=words,
-                              wide_history_cross=cross, wide_pair_rank=pair_rank)
+                              wide_history_cross=cross, wide_pair_rank=pair_rank,
+                              wide_pair_pool=pool)
 
     def feats(context: str, history: list[str] | None) -> tuple:
         b = source_batch([(context, history)], cfg)
@@ -113,13 +119,13 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
     g = np.array([np.mean(right_w[j - CHECK:j]) for j in range(CHECK, len(right_w) + 1, CHECK)])
     a = np.array([np.mean(right_a[j - CHECK:j]) for j in range(CHECK, len(right_a) + 1, CHECK)])
     return {"ahead": int(np.sum(g > a)), "checks": len(g), "mean": float(np.mean(g - a)),
-            "worst": float(np.min(g - a)), "at": at}
+            "worst": float(np.min(g - a)), "first": float(g[0] - a[0]), "at": at}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--grid", nargs="+", default=DEFAULT_GRID,
-                    metavar="WORDS,CROSS,L2[,PAIR_RANK[,PAIR_LR]]")
+                    metavar="WORDS,CROSS,L2[,PAIR_RANK[,PAIR_LR[,POOL]]]")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--signals", type=int, default=12000)
     ap.add_argument("--switch-at", type=int, default=4000)
@@ -127,25 +133,26 @@ def main() -> None:
     ap.add_argument("--lag", type=int, default=1, help="signals scored before learning")
     a = ap.parse_args()
     points = (a.switch_at - 500, a.signals - 500)
-    print(f"| words | cross | l2 | pair rank, lr | seed | ahead of anchor | mean / worst diff | "
-          f"unseen @{points[0]} / @{points[1]} | block recall | allow precision | "
+    print("| words | cross | l2 | pair rank, lr, pool | seed | ahead of anchor | "
+          f"mean / worst / first diff | unseen @{points[0]} / @{points[1]} | block recall | allow precision | "
           "history rule |")
     print("| ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- | --- | --- |")
     for spec in a.grid:
         fields = [float(x) for x in spec.split(",")]
         words, cross, l2 = fields[:3]
-        rank, pair_lr = (int(fields[3]) if len(fields) > 3 else 0,
-                         fields[4] if len(fields) > 4 else 0.1)
+        rank, pair_lr, pool = (int(fields[3]) if len(fields) > 3 else 0,
+                               fields[4] if len(fields) > 4 else 0.1,
+                               fields[5] if len(fields) > 5 else 0.5)
         for seed in a.seeds:
             r = replay(words, cross, l2, seed, a.signals, a.switch_at, a.probes, points, a.lag,
-                       rank, pair_lr)
+                       rank, pair_lr, pool)
             p0, p1 = (r["at"][p] for p in points)
 
             def pair(k: str, p0=p0, p1=p1) -> str:
                 return f"{p0[k]:.3f} / {p1[k]:.3f}"
-            print(f"| {words:g} | {cross:g} | {l2:g} | {rank}, {pair_lr:g} | {seed} | "
+            print(f"| {words:g} | {cross:g} | {l2:g} | {rank}, {pair_lr:g}, {pool:g} | {seed} | "
                   f"{r['ahead']}/{r['checks']} | "
-                  f"{r['mean']:+.4f} / {r['worst']:+.3f} | {pair('unseen')} | "
+                  f"{r['mean']:+.4f} / {r['worst']:+.3f} / {r['first']:+.3f} | {pair('unseen')} | "
                   f"{pair('recall')} | {pair('allow_prec')} | {pair('history')} |", flush=True)
 
 

@@ -215,11 +215,13 @@ def test_wide_and_segment_gradients_at_the_entries_a_batch_touches():
     assert rel_error(np.array([model.grads["seg_emb"][i] for i in idx]), num) < TOL
 
 
-def test_pair_term_gradients_at_the_rows_a_batch_touches():
-    """The call x history pair term (engine/wide.py `pair_logit`): its two factor tables'
-    gradients, from the joint loss's backward, against central differences at every row
-    the batch touches; rows it does not touch get exactly 0."""
-    model = _random_model(8)
+@pytest.mark.parametrize("pool", [0.0, 0.5])
+def test_pair_term_gradients_at_the_rows_a_batch_touches(pool: float):
+    """The call x history pair term (engine/wide.py `pair_logit`, its history keys summed
+    or pooled by a soft minimum): its two factor tables' gradients, from the joint loss's
+    backward, against central differences at every row the batch touches; rows it does
+    not touch get exactly 0."""
+    model = _random_model(8, dataclasses.replace(ModelConfig.tiny(), wide_pair_pool=pool))
     read = 'fs.read {"path": "/home/a/src/p/%s"}'
     examples = [
         {"context": 'http.request {"method": "POST", "url": "https://x.io/a"}',

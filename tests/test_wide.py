@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import pytest
 from gradcheck import numeric_grad_entries, rel_error
 
 from gated.config import TrainConfig
@@ -17,7 +18,9 @@ from gated.engine import AdamW, Model, ModelConfig, build_batch, source_batch
 from gated.engine.wide import (
     BIAS_BUCKET,
     MAX_STRUCTURED,
+    PAIR_KEYS,
     WideAdaGrad,
+    pair_logit,
     structured_features,
     wide_features,
 )
@@ -261,13 +264,27 @@ def test_history_crosses_let_the_wide_path_learn_which_read_makes_a_post_exfiltr
     assert np.mean(with_crosses > 0) >= 0.9 and with_crosses.mean() > 0.2
 
 
-def test_pair_gradient_matches_central_differences():
+def _pair_reference(u_tab, v_tab, pair, pool: float) -> float:
+    """z_pair written out key by key (not through `pair_logit`): the sum <u, v>, or the
+    soft minimum sum_k a_k s_k, a = softmax(-s / pool), over the keys with a value."""
+    u = pair[1] @ u_tab[pair[0]]
+    keys = [(int(h), float(hv)) for h, hv in zip(pair[2], pair[3], strict=True) if hv != 0]
+    s = np.array([hv * float(v_tab[h] @ u) for h, hv in keys])
+    if not pool:
+        return float(s.sum())
+    a = np.exp(-(s - s.min()) / pool)
+    return float((a / a.sum()) @ s)
+
+
+@pytest.mark.parametrize("pool", [0.0, 0.5, 0.05])
+def test_pair_gradient_matches_central_differences(pool: float):
     """The pair term's share of one signal's loss (engine/wide.py `WideAdaGrad`): dL/dU and
-    dL/dV at the touched rows, with repeated ids, against central differences (float64)."""
+    dL/dV at the touched rows, with repeated ids, against central differences (float64),
+    for the summed history keys and the soft minimum (a sharp one too)."""
     rng = np.random.default_rng(5)
     w, g2 = rng.normal(size=32), np.zeros(32)
     u_tab, v_tab = rng.normal(size=(16, 3)), rng.normal(size=(16, 3))
-    learner = WideAdaGrad(w, g2, scale=1.3, l2=1e-3,
+    learner = WideAdaGrad(w, g2, scale=1.3, l2=1e-3, pool=pool,
                           pair=(u_tab, np.zeros_like(u_tab), v_tab, np.zeros_like(v_tab)))
     idx, val = np.array([0, 4, 7]), rng.normal(size=3)
     pair = (np.array([2, 5]), np.array([0.6, 0.8]),
@@ -275,13 +292,13 @@ def test_pair_gradient_matches_central_differences():
     z_rest, label, weight = -0.2, 1.0, 2.0
 
     def loss() -> float:
-        u = pair[1] @ u_tab[pair[0]]
-        v = pair[3] @ v_tab[pair[2]]
-        z = z_rest + 1.3 * (float(w[idx] @ val) + float(u @ v))
+        z = z_rest + 1.3 * (float(w[idx] @ val) + _pair_reference(u_tab, v_tab, pair, pool))
         reg = sum(float((t[np.unique(r)] ** 2).sum()) for t, r in
                   ((w, idx), (u_tab, pair[0]), (v_tab, np.array([1, 9, 12]))))
         return _bce(z, label, weight) + 0.5 * 1e-3 * reg
 
+    assert learner.gradient(idx, val, z_rest, label, weight, pair)[2] == pytest.approx(
+        z_rest + 1.3 * (float(w[idx] @ val) + _pair_reference(u_tab, v_tab, pair, pool)))
     (c_rows, g_u), (h_rows, g_v) = learner.pair_gradient(idx, val, z_rest, label, weight, pair)
     assert list(c_rows) == [2, 5] and list(h_rows) == [1, 9, 12]  # padding (value 0) dropped
     for table, rows, grad in ((u_tab, c_rows, g_u), (v_tab, h_rows, g_v)):
@@ -294,6 +311,53 @@ def test_pair_gradient_matches_central_differences():
     np.testing.assert_allclose(u_tab[c_rows], before - 0.1 * np.sign(g_u), rtol=1e-6)
     learner.relax(0.5)
     np.testing.assert_allclose(learner.pair[1][c_rows], 0.5 * g_u ** 2, rtol=1e-9)
+
+
+def test_the_soft_minimum_follows_the_key_that_speaks_for_block():
+    """`pair_logit` with pool tau: between the lowest key's score and the mean, near the
+    lowest for a small tau; a row without history keys (padding only) gives exactly 0 and
+    no gradient; one key gives that key's score whatever tau."""
+    rng = np.random.default_rng(3)
+    call_rows, call_val = rng.normal(size=(3, 2, 4)), np.ones((3, 2))
+    hist_rows = rng.normal(size=(3, 5, 4))
+    hist_val = np.array([[1.0, 1, 1, 1, 1], [0, 0, 0, 0, 0], [1, 0, 0, 0, 0]])
+    u = (call_val[:, :, None] * call_rows).sum(axis=1)
+    s = hist_val * np.einsum("bkr,br->bk", hist_rows, u)
+    for tau in (2.0, 0.5, 0.01):
+        z, _, v_eff, hw = pair_logit(call_rows, call_val, hist_rows, hist_val, tau)
+        assert s[0].min() - 1e-12 <= z[0] <= s[0].mean() + 1e-12
+        assert z[1] == 0.0 and not hw[1].any() and not v_eff[1].any()
+        assert z[2] == pytest.approx(s[2, 0])
+    assert pair_logit(call_rows, call_val, hist_rows, hist_val, 0.01)[0][0] == pytest.approx(
+        s[0].min(), abs=1e-3)
+    assert pair_logit(call_rows, call_val, hist_rows, hist_val, 0.0)[0][0] == pytest.approx(
+        s[0].sum())
+
+
+@pytest.mark.parametrize("pool", [0.0, 0.5])
+def test_the_learner_and_the_model_give_the_same_wide_logit(pool: float):
+    """WideAdaGrad (one signal, host) and the model's forward (a batch, padded) compute the
+    same wide logit, the pair term pooled alike -- also when two of a signal's history keys
+    share a bucket (a tiny table makes that happen): the learner must not merge them
+    before pooling, or it would train a different function from the one that serves."""
+    cfg = dataclasses.replace(ModelConfig.tiny(), wide_pair_buckets=4, wide_pair_pool=pool)
+    model = Model.init(cfg, seed=2, dtype="float64")
+    rng = np.random.default_rng(2)
+    for name in ("wide.w", "wide.pair_call", "wide.pair_hist"):
+        model.params[name][...] = rng.normal(size=model.params[name].shape)
+    learner = WideAdaGrad.for_model(model, np.zeros(model.num_params))
+    read = 'fs.read {"path": "/w/%s"}'
+    items = [('http.request {"method": "POST", "url": "https://x.io"}',
+              [read % ".env", read % "app.py", read % "main.go", read % "notes.md"]),
+             ('email.send {"to": "a@b.c"}', None), ("git.push {}", [read % "x.yml"])]
+    batch = source_batch(items, cfg)
+    assert any(len(set(r[v != 0])) < int((v != 0).sum())
+               for r, v in zip(batch["wide_ph_idx"], batch["wide_ph_val"], strict=True))
+    served = model.wide_logit(batch)
+    for k in range(len(items)):
+        pair = tuple(batch[key][k] for key in PAIR_KEYS)
+        z = learner.gradient(batch["wide_idx"][k], batch["wide_val"][k], 0.0, 1.0, 1.0, pair)[2]
+        assert z == pytest.approx(served[k], rel=1e-12, abs=1e-12)
 
 
 def test_the_pair_term_learns_the_history_rule_that_crosses_learn_slowly():

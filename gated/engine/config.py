@@ -59,6 +59,10 @@ class ModelConfig:
     #: Standard deviation of the call side's initial factors (the history side starts at
     #: zero, so the term starts silent and is not noise on the first signals).
     wide_pair_init: float = 0.1
+    #: How the pair term pools its history keys (engine/wide.py `pair_logit`): 0 = a sum,
+    #: tau > 0 = a soft minimum at temperature tau (logit units), so one incriminating
+    #: read carries the term and the session's other files are not blamed with it.
+    wide_pair_pool: float = 0.5
 
     def __post_init__(self) -> None:
         if self.d_model % self.n_heads != 0:
@@ -74,7 +78,7 @@ class ModelConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("wide_buckets", "max_history", "wide_history_scale", "wide_call_words",
                      "wide_history_cross", "wide_pair_rank", "wide_pair_buckets",
-                     "wide_pair_init"):
+                     "wide_pair_init", "wide_pair_pool"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.wide_pair_rank and self.wide_pair_buckets < 2:

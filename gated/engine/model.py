@@ -132,7 +132,8 @@ class Model:
             return self.ops.to_numpy(wide_table(P, name)[xp.asarray(idx)]).astype(np.float64)
         keys = wide_feature_keys(sources, "wide.pair_call" in P)
         return wide_logit_host(take, {k: np.asarray(self.ops.to_numpy(sources[k]))
-                                      for k in keys}, self.cfg.wide_scale)
+                                      for k in keys}, self.cfg.wide_scale,
+                               self.cfg.wide_pair_pool)
 
     def decay_mask(self) -> np.ndarray:
         return decay_mask(self.layout)
@@ -181,9 +182,10 @@ class Model:
             z_wide = (P["wide.w"][0][wide["wide_idx"]] * wide["wide_val"]).sum(axis=1)
             if PAIR_KEYS[0] in wide:
                 c_idx, c_val, h_idx, h_val = (wide[k] for k in PAIR_KEYS)
-                z_pair, u, v = pair_logit(P["wide.pair_call"][c_idx], c_val,
-                                          P["wide.pair_hist"][h_idx], h_val)
-                z_wide, sides = z_wide + z_pair, (u, v)
+                z_pair, u, v_eff, hw = pair_logit(P["wide.pair_call"][c_idx], c_val,
+                                                  P["wide.pair_hist"][h_idx], h_val,
+                                                  self.cfg.wide_pair_pool, xp)
+                z_wide, sides = z_wide + z_pair, (u, v_eff, hw)
             z = z + self.cfg.wide_scale * z_wide
         return z, pooled, (d_call, d_hist), sides
 
@@ -309,17 +311,19 @@ class Model:
         if not accumulate:
             self.grad_flat[...] = 0
         # Wide path: dL/dw[idx_k] += wide_scale * dz * val_k (a scatter-add, exact); the
-        # pair term: dL/dU[c_k] += wide_scale * dz * cv_k * v, dL/dV[h_k] alike with u.
+        # pair term: dL/dU[c_k] += wide_scale * dz * cv_k * v_eff, dL/dV[h_k] += wide_scale
+        # * dz * hw_k * u (`pair_logit`: with a sum, v_eff = v and hw = the keys' values).
         if wide is not None:
             dzs = self.cfg.wide_scale * dz
             ops.embedding_bwd(G["wide.w"].reshape(-1, 1), wide["wide_idx"],
                               (dzs[:, None] * wide["wide_val"])[:, :, None])
             if sides is not None:
-                u, v = sides
-                for name, side, other in (("wide.pair_call", "pc", v), ("wide.pair_hist", "ph", u)):
+                u, v_eff, hw = sides
+                for name, side, coef, other in (
+                        ("wide.pair_call", "pc", wide["wide_pc_val"], v_eff),
+                        ("wide.pair_hist", "ph", hw, u)):
                     ops.embedding_bwd(G[name], wide[f"wide_{side}_idx"],
-                                      (dzs[:, None] * wide[f"wide_{side}_val"])[:, :, None]
-                                      * other[:, None, :])
+                                      (dzs[:, None] * coef)[:, :, None] * other[:, None, :])
         # Gate head and the two mean-pools -> d enc.
         d = cfg.d_model
         dpooled = L.linear_bwd(dz[:, None], pooled, P["gate.w"], G["gate.w"], G["gate.b"])

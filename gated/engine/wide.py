@@ -194,16 +194,43 @@ def pair_features(context: str, history: Sequence[str] | None, buckets: int
             h_idx, np.ones(len(keys)))
 
 
-def pair_logit(call_rows, call_val, hist_rows, hist_val):
-    """z_pair [B] = <u, v>, u = sum_k call_val[b,k] U[c_k], v = sum_k hist_val[b,k] V[h_k],
-    from the gathered rows ``U[call_idx]`` [B, K, rank] and ``V[hist_idx]`` (NumPy or CuPy
-    alike); returns (z_pair, u [B, rank], v [B, rank]): the two sides the backward needs.
+def pair_logit(call_rows, call_val, hist_rows, hist_val, pool: float = 0.0, xp=np):
+    """The call x history pair term of a batch, from the gathered rows ``U[call_idx]``
+    [B, Kc, rank] and ``V[hist_idx]`` [B, Kh, rank] (NumPy or CuPy alike, `xp`).
 
-    d z_pair / d U[c] = sum_{k: c_k = c} call_val[b,k] v[b] (and V alike with u): a
-    scatter-add, exact (tests/test_wide.py checks it against central differences)."""
+    u = sum_k call_val[b,k] U[c_k] (the call's site); each history key scores
+    s_k = hist_val[b,k] <V[h_k], u>, and
+
+    - `pool` = 0: z_pair = sum_k s_k = <u, v>, v = sum_k hist_val V[h_k];
+    - `pool` = tau > 0: z_pair = sum_k a_k s_k, a = softmax(-s / tau) over the row's
+      keys (padding, value 0, excluded): a soft minimum, so the key that speaks most for
+      "block" carries the term. Why (docs/learning.md, "Pooling the history keys"): the
+      history rule is "ONE earlier read makes this call an exfiltration"; with a sum,
+      every file a session touched before an exfiltration takes a share of the blame and
+      an outbound call after an ordinary history looks suspicious; with the soft minimum
+      the blame goes to the key that already explains it best (multiple-instance
+      learning), and the other keys are left alone.
+
+    Returns (z_pair [B], u [B, rank], v_eff [B, rank], hw [B, Kh]) with v_eff =
+    dz_pair/du = sum_k hw_k V[h_k] and hw_k = dz_pair/ds_k * hist_val_k, so that, exactly
+    (tests/test_wide.py checks both against central differences):
+    d z_pair / d U[c] = sum_{k: c_k = c} call_val[b,k] v_eff[b], and
+    d z_pair / d V[h] = sum_{k: h_k = h} hw[b,k] u[b]  (a scatter-add each);
+    for the soft minimum dz_pair/ds_k = a_k (1 - (s_k - z_pair) / tau)."""
     u = (call_val[:, :, None] * call_rows).sum(axis=1)
-    v = (hist_val[:, :, None] * hist_rows).sum(axis=1)
-    return (u * v).sum(axis=1), u, v
+    if not pool:
+        v = (hist_val[:, :, None] * hist_rows).sum(axis=1)
+        return (u * v).sum(axis=1), u, v, hist_val
+    s = hist_val * (hist_rows * u[:, None, :]).sum(axis=2)  # [B, Kh]
+    live = hist_val != 0
+    lowest = xp.where(live, s, xp.inf).min(axis=1, keepdims=True)
+    lowest = xp.where(xp.isfinite(lowest), lowest, 0.0)  # a row without keys
+    e = xp.exp(xp.where(live, -(s - lowest) / pool, -xp.inf))
+    total = e.sum(axis=1, keepdims=True)  # >= 1 where the row has keys (its lowest: e = 1)
+    a = e / xp.where(total > 0, total, 1.0)
+    z = (a * s).sum(axis=1)
+    hw = a * (1.0 - (s - z[:, None]) / pool) * hist_val
+    return z, u, (hw[:, :, None] * hist_rows).sum(axis=1), hw
 
 
 def wide_table(params: dict, name: str):
@@ -212,16 +239,17 @@ def wide_table(params: dict, name: str):
     return params[name][0] if name == "wide.w" else params[name]
 
 
-def wide_logit_host(take, feats: dict, scale: float) -> np.ndarray:
+def wide_logit_host(take, feats: dict, scale: float, pool: float = 0.0) -> np.ndarray:
     """The wide path's logit [B] in float64 on the host: scale * (sum_k val_k w[idx_k] +
-    pair_logit). `take(name, idx)` returns the rows of the wide table `name` at `idx` as
-    host float64 (the model gathers on its backend and copies only those; the inference
-    plan reads its own copies), `feats` the batch's wide features as host arrays."""
+    pair_logit, pooled by `pool`). `take(name, idx)` returns the rows of the wide table
+    `name` at `idx` as host float64 (the model gathers on its backend and copies only
+    those; the inference plan reads its own copies), `feats` the batch's wide features as
+    host arrays."""
     z = (take("wide.w", feats["wide_idx"]) * feats["wide_val"]).sum(axis=1)
     if PAIR_KEYS[0] in feats:
         c_idx, c_val, h_idx, h_val = (feats[k] for k in PAIR_KEYS)
         z = z + pair_logit(take("wide.pair_call", c_idx), c_val,
-                           take("wide.pair_hist", h_idx), h_val)[0]
+                           take("wide.pair_hist", h_idx), h_val, pool)[0]
     return scale * z
 
 
@@ -243,11 +271,12 @@ class WideAdaGrad:
     For a signal with sparse features (idx, val), pair features (c, cv, h, hv), the rest
     of the gate's logit `z_rest` (the transformer's, held fixed), label y and weight w_i:
 
-        z = z_rest + scale * (sum_k val_k W[idx_k] + <u, v>),
-            u = sum_k cv_k U[c_k],  v = sum_k hv_k V[h_k]          (pair_logit)
+        z = z_rest + scale * (sum_k val_k W[idx_k] + z_pair),
+            z_pair, u, v_eff, hw = pair_logit(U[c], cv, V[h], hv, pool)
         dz = w_i (sigmoid(z) - y)
         dL/dW[j] = dz * scale * sum_{k: idx_k = j} val_k  (+ l2 W[j])
-        dL/dU[c] = dz * scale * cv_c v (+ l2 U[c]);  dL/dV[h] = dz * scale * hv_h u (+ l2 V[h])
+        dL/dU[c] = dz * scale * cv_c v_eff (+ l2 U[c]);  dL/dV[h] = dz * scale * hw_h u
+        (+ l2 V[h]); with pool 0, v_eff = v = sum_k hv_k V[h_k] and hw = hv
         G += g^2;   theta -= lr g / (sqrt(G) + eps)     (per coordinate; `pair_lr` for U, V)
 
     The weights and the sums are views (the wide slots of the model's flat buffer and of
@@ -255,11 +284,13 @@ class WideAdaGrad:
     """
 
     def __init__(self, weights, accum, *, scale: float, lr: float = 0.5, l2: float = 1e-5,
-                 eps: float = 1e-8, xp=np, pair=None, pair_lr: float = 0.1) -> None:
+                 eps: float = 1e-8, xp=np, pair=None, pair_lr: float = 0.1,
+                 pool: float = 0.0) -> None:
         self.w, self.g2, self.scale, self.xp = weights, accum, scale, xp
         self.lr, self.l2, self.eps = lr, l2, eps
-        #: (U, sums of U, V, sums of V) of the call x history pair term, or None
-        self.pair, self.pair_lr = pair, pair_lr
+        #: (U, sums of U, V, sums of V) of the call x history pair term, or None; its
+        #: history keys pooled by `pool` (`pair_logit`)
+        self.pair, self.pair_lr, self.pool = pair, pair_lr, pool
 
     @classmethod
     def for_model(cls, model, accum_flat, **kw) -> WideAdaGrad:
@@ -271,7 +302,7 @@ class WideAdaGrad:
             pair = (model.params["wide.pair_call"], acc["wide.pair_call"],
                     model.params["wide.pair_hist"], acc["wide.pair_hist"])
         return cls(model.params["wide.w"][0], acc["wide.w"][0], scale=model.cfg.wide_scale,
-                   xp=model.ops.xp, pair=pair, **kw)
+                   xp=model.ops.xp, pair=pair, pool=model.cfg.wide_pair_pool, **kw)
 
     def gradient(self, idx: np.ndarray, val: np.ndarray, z_rest: float, label: float,
                  weight: float, pair=None) -> tuple[np.ndarray, np.ndarray, float]:
@@ -308,25 +339,41 @@ class WideAdaGrad:
     def _gradient(self, idx, val, z_rest, label, weight, pair) -> dict:
         """Everything an update needs, each touched weight read once (host, float64): the
         unique buckets, their weights and gradient, the logit, and per pair side
-        (unique rows, gradient, rows now)."""
+        (unique rows, gradient, rows now). The pair term is computed by `pair_logit` over
+        the signal's keys as the model sees them (a bucket two keys share counts twice,
+        as in the model's forward), its gradient then summed per unique row."""
         idx, val = _unique_sum(idx, val)
         d_idx = self.xp.asarray(idx)
         w_now = self._host(self.w[d_idx]).astype(np.float64)
         z_lin = float(w_now @ val)
-        sides = []
+        sides, z_pair = [], 0.0
         if self.pair is not None and pair is not None:
             for table, (rows, vals) in ((self.pair[0], pair[:2]), (self.pair[2], pair[2:])):
-                rows, vals = _unique_sum(rows, vals)
-                now = self._host(table[self.xp.asarray(rows)]).astype(np.float64)
-                sides.append((rows, vals, now, vals @ now))  # vec: that side's sum
-        z_pair = float(sides[0][3] @ sides[1][3]) if sides else 0.0
+                rows, vals = np.asarray(rows), np.asarray(vals, np.float64)
+                keep = vals != 0  # padding
+                rows, vals = rows[keep], vals[keep]
+                uniq, inv = np.unique(rows, return_inverse=True)
+                now = self._host(table[self.xp.asarray(uniq)]).astype(np.float64)
+                sides.append((uniq, inv, vals, now))
+            (_, c_inv, c_val, c_now), (_, h_inv, h_val, h_now) = sides
+            if len(c_val) and len(h_val):
+                zp, u, v_eff, hw = pair_logit(c_now[c_inv][None], c_val[None],
+                                              h_now[h_inv][None], h_val[None], self.pool)
+                z_pair = float(zp[0])
+            else:  # a side without keys: no term (its rows' gradient is the L2 alone)
+                rank = c_now.shape[1]
+                u, v_eff, hw = np.zeros((1, rank)), np.zeros((1, rank)), np.zeros((1, len(h_val)))
         z = z_rest + self.scale * (z_lin + z_pair)
         dz = weight * (0.5 * (1.0 + np.tanh(0.5 * z)) - label)
         out = {"idx": idx, "d_idx": d_idx, "w_now": w_now, "z": z,
                "g": self.scale * dz * val + self.l2 * w_now, "pair": []}
-        for (rows, vals, now, _), (_, _, _, other) in zip(sides, sides[::-1], strict=True):
-            g = self.scale * dz * vals[:, None] * other[None, :] + self.l2 * now
-            out["pair"].append((rows, g, now))
+        if sides:
+            # per key: dz_pair/dU[c_k] = cv_k v_eff, dz_pair/dV[h_k] = hw_k u; summed per row
+            for (uniq, inv, _, now), coef, other in ((sides[0], c_val, v_eff[0]),
+                                                      (sides[1], hw[0], u[0])):
+                per_row = np.bincount(inv, weights=coef, minlength=len(uniq))
+                g = self.scale * dz * per_row[:, None] * other[None, :] + self.l2 * now
+                out["pair"].append((uniq, g, now))
         return out
 
     @staticmethod
