@@ -134,8 +134,8 @@ def main() -> None:
     a = ap.parse_args()
     points = (a.switch_at - 500, a.signals - 500)
     print("| words | cross | l2 | pair rank, lr, pool | seed | ahead of anchor | "
-          f"mean / worst / first diff | unseen @{points[0]} / @{points[1]} | block recall | allow precision | "
-          "history rule |")
+          f"mean / worst / first diff | unseen @{points[0]} / @{points[1]} | block recall | "
+          "allow precision | history rule |")
     print("| ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- | --- | --- |")
     for spec in a.grid:
         fields = [float(x) for x in spec.split(",")]
