@@ -106,7 +106,11 @@ class Probes:
         yu = [e.true_allow for e in unseen]
         yh = [e.true_allow for e in hist]
         out = {"unseen": _acc(list(pu), yu), "unseen_block_recall": _recall_block(list(pu), yu),
-               "history": _acc(list(ph), yh)}
+               "history": _acc(list(ph), yh), "unseen_by_category": {}}
+        for cat in sorted({e.category for e in unseen}):
+            rows = [i for i, e in enumerate(unseen) if e.category == cat]
+            out["unseen_by_category"][cat] = (len(rows), _acc([pu[i] for i in rows],
+                                                              [yu[i] for i in rows]))
         if parts is not None:
             out["unseen_raw"] = _acc([float(x >= 0) for x in z], yu)
             out["unseen_wide"] = _acc([float(x >= 0) for x in z - z_deep + deep_mean], yu)
@@ -221,6 +225,8 @@ def run(preset: str, lr: float, rate: float, n_signals: int, switch_at: int, see
                     "probe_unseen_wide": pr_g["unseen_wide"],
                     "probe_unseen_block_recall": pr_g["unseen_block_recall"],
                     "probe_history": pr_g["history"], "probe_history_anchor": pr_a["history"],
+                    "unseen_by_category": {c: (n, acc, pr_a["unseen_by_category"][c][1])
+                                           for c, (n, acc) in pr_g["unseen_by_category"].items()},
                     **{k: round(v, 4) for k, v in trainer.monitor.stats().items()},
                 })
                 print(_row_text(rows[-1]), flush=True)
@@ -289,6 +295,26 @@ TABLE_HEAD = ("| ordinary signals scored | policy | gated, last 500 vs TRUE | an
               "| ---: | ---: | ---: |")
 
 
+def by_category(r: dict) -> list[str]:
+    """The unseen-value probes by TRUE category, at the last checkpoint before the change
+    and at the end: which categories' held-out values the gate generalises to (some held-out
+    values share nothing a learner could read with the trained ones: a typo of a package
+    name that never appears in the stream, a paste host with a new name)."""
+    rows, switch = r["rows"], r["switch_at"]
+    pre = [x for x in rows if x["n"] <= switch]
+    points = ([pre[-1]] if pre else []) + [rows[-1]]
+    head = " | ".join(f"@{x['n']} ({x['policy']}) gated / anchor" for x in points)
+    out = [f"| unseen-value probes by TRUE category (n at the end) | {head} |",
+           "| --- |" + " --- |" * len(points)]
+    for cat in sorted(rows[-1]["unseen_by_category"], key=lambda c: (c != "allow", c)):
+        cells = []
+        for x in points:
+            n, g, a = x["unseen_by_category"].get(cat, (0, float("nan"), float("nan")))
+            cells.append(f"{g:.2f} / {a:.2f}" if n else "-")
+        out.append(f"| {cat} ({rows[-1]['unseen_by_category'][cat][0]}) | {' | '.join(cells)} |")
+    return out
+
+
 def summary(r: dict) -> list[str]:
     rows, switch = r["rows"], r["switch_at"]
     beats = all(x["gated"] > x["anchor"] for x in rows)
@@ -347,7 +373,7 @@ def main() -> None:
             t0 = time.time()
             r = run(a.preset, lr, a.rate, a.signals, a.switch_at, a.seed, variant, a.probes,
                     settings_kw=overrides)
-            lines = summary(r)
+            lines = summary(r) + [""] + by_category(r)
             print("\n".join(lines), f"\n(wall {time.time() - t0:.0f} s)", flush=True)
             out += [f"### {title}", "", TABLE_HEAD,
                     *(_row_text(x) for x in r["rows"]), "", *lines, ""]
