@@ -219,6 +219,7 @@ def run(preset: str, lr: float, rate: float, n_signals: int, switch_at: int, see
                     "gated_uncalibrated": _acc(*zip(*raw[-CHECK_EVERY:], strict=True)),
                     **_parts_alone(parts[-CHECK_EVERY:]),
                     "anchor": _acc(*zip(*a, strict=True)),
+                    **_paired(g, a),
                     "gated_block_recall": _recall_block(*zip(*g, strict=True)),
                     "probe_unseen": pr_g["unseen"], "probe_unseen_anchor": pr_a["unseen"],
                     "probe_unseen_raw": pr_g["unseen_raw"],
@@ -257,6 +258,26 @@ def _setting(kind: type, text: str):
             raise SystemExit(f"--set: {text!r} is not true or false")
         return text.lower() in ("true", "1")
     return kind(text)
+
+
+def _paired(g: list[tuple[float, bool]], a: list[tuple[float, bool]]) -> dict[str, int]:
+    """On the same signals (both lists are the ordinary signals in stream order): how many
+    gated decided right where the anchor was wrong (`wins`) and the reverse (`losses`).
+    A difference of one checkpoint is a difference of a few such signals; McNemar's test
+    says whether it is more than chance (`summary`)."""
+    right_g = [(p >= 0.5) == y for p, y in g]
+    right_a = [(p >= 0.5) == y for p, y in a]
+    return {"wins": sum(x and not z for x, z in zip(right_g, right_a, strict=True)),
+            "losses": sum(z and not x for x, z in zip(right_g, right_a, strict=True))}
+
+
+def _significant(r: dict) -> int:
+    """+1 / -1 when gated is ahead / behind the anchor at this checkpoint by more than two
+    standard errors of McNemar's statistic, |wins - losses| > 2 sqrt(wins + losses); else 0."""
+    w, lo = r["wins"], r["losses"]
+    if abs(w - lo) <= 2 * np.sqrt(w + lo):
+        return 0
+    return 1 if w > lo else -1
 
 
 def _parts_alone(window: list[tuple[float, float, bool]]) -> dict[str, float]:
@@ -326,6 +347,11 @@ def summary(r: dict) -> list[str]:
     return [
         f"- gated ahead of the anchor at every checkpoint: **{'yes' if beats else 'no'}** "
         f"({sum(x['gated'] > x['anchor'] for x in rows)} of {len(rows)})",
+        f"- paired with the anchor on the same signals (McNemar, two standard errors): "
+        f"significantly ahead at {sum(_significant(x) > 0 for x in rows)}, significantly "
+        f"behind at {sum(_significant(x) < 0 for x in rows)} of {len(rows)} checkpoints; "
+        f"where behind: " + (", ".join(f"{x['n']} ({x['wins']} won / {x['losses']} lost)"
+                                      for x in rows if x["gated"] <= x["anchor"]) or "none"),
         f"- first checkpoint with >= 0.95 over the last 500: "
         f"**{first95 if first95 is not None else 'not reached'}** signals (target <= 4000)",
         f"- back to >= 0.95 after the policy change: **"
