@@ -265,22 +265,29 @@ def test_history_crosses_let_the_wide_path_learn_which_read_makes_a_post_exfiltr
 
 
 def _pair_reference(u_tab, v_tab, pair, pool: float) -> float:
-    """z_pair written out key by key (not through `pair_logit`): the sum <u, v>, or the
-    soft minimum sum_k a_k s_k, a = softmax(-s / pool), over the keys with a value."""
+    """z_pair written out entry by entry (not through `pair_logit`): the sum <u, v>, or the
+    soft minimum sum_e a_e S_e, a = softmax(-S / pool), S_e the sum of entry e's key
+    scores, over the keys with a value (each key its own entry without a 5th field)."""
     u = pair[1] @ u_tab[pair[0]]
-    keys = [(int(h), float(hv)) for h, hv in zip(pair[2], pair[3], strict=True) if hv != 0]
-    s = np.array([hv * float(v_tab[h] @ u) for h, hv in keys])
+    grp = pair[4] if len(pair) > 4 else range(len(pair[2]))
+    entries: dict[int, float] = {}
+    for h, hv, e in zip(pair[2], pair[3], grp, strict=True):
+        if hv != 0:
+            entries[int(e)] = entries.get(int(e), 0.0) + hv * float(v_tab[h] @ u)
+    s = np.array(list(entries.values()))
     if not pool:
         return float(s.sum())
     a = np.exp(-(s - s.min()) / pool)
     return float((a / a.sum()) @ s)
 
 
-@pytest.mark.parametrize("pool", [0.0, 0.5, 0.05])
-def test_pair_gradient_matches_central_differences(pool: float):
+@pytest.mark.parametrize(("pool", "entries"), [(0.0, None), (0.5, None), (0.05, None),
+                                              (0.5, [0, 0, 1, 1, 2]), (0.05, [0, 1, 0, 0, 1])])
+def test_pair_gradient_matches_central_differences(pool: float, entries: list | None):
     """The pair term's share of one signal's loss (engine/wide.py `WideAdaGrad`): dL/dU and
     dL/dV at the touched rows, with repeated ids, against central differences (float64),
-    for the summed history keys and the soft minimum (a sharp one too)."""
+    for the summed history keys and the soft minimum (a sharp one too), over the keys or
+    over history entries of several keys (a row in two entries)."""
     rng = np.random.default_rng(5)
     w, g2 = rng.normal(size=32), np.zeros(32)
     u_tab, v_tab = rng.normal(size=(16, 3)), rng.normal(size=(16, 3))
@@ -289,6 +296,8 @@ def test_pair_gradient_matches_central_differences(pool: float):
     idx, val = np.array([0, 4, 7]), rng.normal(size=3)
     pair = (np.array([2, 5]), np.array([0.6, 0.8]),
             np.array([1, 9, 1, 0, 12]), np.array([1.0, 1.0, 0.5, 0.0, 1.0]))  # 1 twice, 0 pads
+    if entries is not None:
+        pair = (*pair, np.array(entries))
     z_rest, label, weight = -0.2, 1.0, 2.0
 
     def loss() -> float:
@@ -376,8 +385,7 @@ def test_the_pair_term_learns_the_history_rule_that_crosses_learn_slowly():
         stream = GatewayTraffic(seed=3)
         events = [stream.next() for _ in range(2500)]
         b = source_batch([(e.signal["context"], e.signal["history"]) for e in events], cfg)
-        keys = [k for k in ("wide_pc_idx", "wide_pc_val", "wide_ph_idx", "wide_ph_val")
-                if k in b]
+        keys = [k for k in PAIR_KEYS if k in b]
 
         def pair(k: int):
             return tuple(b[key][k] for key in keys) or None
@@ -406,17 +414,23 @@ def test_pair_features_are_bounded_and_ignore_what_they_cannot_read():
     many = [f'fs.read {{"path": "/w/f{i}.txt"}}' for i in range(5000)]
     hostile = many + ["not json at all", 'fs.read {"path": 7}', 'fs.read {"path": ["x"]}',
                       'fs.write {"path": "/w/' + "a" * 65536 + '"}']
-    c_idx, c_val, h_idx, h_val = pair_features('email.send {"to": "a@b.c"}', hostile, 1 << 14)
+    c_idx, c_val, h_idx, h_val, h_grp = pair_features('email.send {"to": "a@b.c"}', hostile,
+                                                      1 << 14)
     assert len(c_idx) == 1 and np.isclose(float(c_val @ c_val), 1.0)
-    assert 0 < len(h_idx) <= MAX_STRUCTURED and np.all(h_val == 1.0)
+    assert 0 < len(h_idx) == len(h_grp) <= MAX_STRUCTURED and np.all(h_val == 1.0)
     assert np.all((h_idx >= 1) & (h_idx < 1 << 14))
-    c_idx, c_val, h_idx, h_val = pair_features('http.request {"method": "POST"}', None, 1 << 14)
+    assert h_grp[0] == 0 and np.all(np.diff(h_grp) >= 0) and np.all(np.diff(h_grp) <= 1)
+    c_idx, c_val, h_idx, h_val, h_grp = pair_features('http.request {"method": "POST"}', None,
+                                                      1 << 14)
     assert len(c_idx) == 2 and np.isclose(float(c_val @ c_val), 1.0) and len(h_idx) == 0
-    # the same file read twice is one key; its name's words are keys of their own
+    # one entry's keys: the tool and name, the name's words (deduplicated within it); the
+    # same file read twice is two entries (two instances for the pooling) with the same keys
     read = 'fs.read {"path": "/w/.env.local"}'
-    once = pair_features("x {}", [read], 1 << 14)[2]
-    twice = pair_features("x {}", [read, read], 1 << 14)[2]
-    assert len(once) == 3 and list(once) == list(twice)  # fs.read|.env.local, env, local
+    once = pair_features("x {}", [read], 1 << 14)
+    twice = pair_features("x {}", [read, read], 1 << 14)
+    assert len(once[2]) == 3 and list(once[4]) == [0, 0, 0]  # fs.read|.env.local, env, local
+    assert list(twice[2]) == 2 * list(once[2]) and list(twice[4]) == [0, 0, 0, 1, 1, 1]
+    assert len(pair_features("x {}", ['fs.read {"path": "/w/a.a"}'], 1 << 14)[2]) == 2
 
 
 def test_the_wide_path_replays_reservoir_examples_with_their_current_labels(tmp_path):

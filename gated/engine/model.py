@@ -181,10 +181,10 @@ class Model:
         if wide is not None:
             z_wide = (P["wide.w"][0][wide["wide_idx"]] * wide["wide_val"]).sum(axis=1)
             if PAIR_KEYS[0] in wide:
-                c_idx, c_val, h_idx, h_val = (wide[k] for k in PAIR_KEYS)
+                c_idx, c_val, h_idx, h_val, h_grp = (wide[k] for k in PAIR_KEYS)
                 z_pair, u, v_eff, hw = pair_logit(P["wide.pair_call"][c_idx], c_val,
                                                   P["wide.pair_hist"][h_idx], h_val,
-                                                  self.cfg.wide_pair_pool, xp)
+                                                  self.cfg.wide_pair_pool, xp, h_grp)
                 z_wide, sides = z_wide + z_pair, (u, v_eff, hw)
             z = z + self.cfg.wide_scale * z_wide
         return z, pooled, (d_call, d_hist), sides
@@ -371,6 +371,7 @@ class Model:
         for side in ("pc", "ph"):  # the pair term's sides: at most MAX_STRUCTURED keys each
             batch[f"wide_{side}_idx"] = np.zeros((batch_size, MAX_STRUCTURED), np.int64)
             batch[f"wide_{side}_val"] = np.zeros((batch_size, MAX_STRUCTURED))
+        batch["wide_ph_grp"] = np.zeros((batch_size, MAX_STRUCTURED), np.int64)
         batch["tgt_in"][:, 0] = BOS
         ewc, self.ewc = self.ewc, None
         try:

@@ -140,7 +140,8 @@ def source_batch(items: Sequence[tuple[str, Sequence[str] | None]],
     """The encoder's inputs for (context, history) pairs, padded to the longest row:
     ``src`` [B, S] ids, ``seg`` [B, S] segment ids, and the wide path's sparse features
     ``wide_idx`` / ``wide_val`` [B, K] (empty [B, 1] zeros when the model has none), and
-    the pair term's two sides ``wide_pc_*`` / ``wide_ph_*`` when the model has one."""
+    the pair term's two sides ``wide_pc_*`` / ``wide_ph_*`` (with ``wide_ph_grp``, each
+    history key's entry) when the model has one."""
     if not items:
         raise ValueError("source_batch needs at least one (context, history) pair")
     encoded = [encode_source(c, h, cfg) for c, h in items]
@@ -160,7 +161,8 @@ def source_batch(items: Sequence[tuple[str, Sequence[str] | None]],
         if cfg.wide_pair_rank:
             pairs = [pair_features(c, h, cfg.wide_pair_buckets) for c, h in items]
             out["wide_pc_idx"], out["wide_pc_val"] = pad_features([p[:2] for p in pairs])
-            out["wide_ph_idx"], out["wide_ph_val"] = pad_features([p[2:] for p in pairs])
+            out["wide_ph_idx"], out["wide_ph_val"] = pad_features([p[2:4] for p in pairs])
+            out["wide_ph_grp"] = pad_features([(p[4], p[3]) for p in pairs])[0]  # entries
     return out
 
 

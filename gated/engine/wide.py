@@ -159,16 +159,17 @@ _NAME_WORD = re.compile(r"[A-Za-z0-9]+")
 
 
 def pair_features(context: str, history: Sequence[str] | None, buckets: int
-                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The two sides of the call x history pair term: (call idx, call val, history idx,
-    history val), bucket ids in 1..buckets-1.
+    history val, history entry), bucket ids in 1..buckets-1.
 
     - The call's site: its tool, and its tool and HTTP method when it has one (values
       1/sqrt(count), so a site with a method is not louder than one without).
     - The history's keys: for every entry with a ``path`` argument, the entry's tool and
       the file's last component (``fs.read|.env``) and each word of that name (``env``,
-      ``secrets``, ``yml``), value 1 each, deduplicated over the entries -- a secret read
-      anywhere in the session's window counts once, however long the history is.
+      ``secrets``, ``yml``), value 1 each, deduplicated within the entry, with the
+      entry's index (0, 1, ... over the entries that have keys): `pair_logit` pools the
+      entries, one read being one instance, at most MAX_STRUCTURED keys in all.
 
     Why a product of the two (`pair_logit`) and not more crosses: the history rule is a
     conjunction (an outbound call AND a secret read earlier); the linear crosses must learn
@@ -179,57 +180,69 @@ def pair_features(context: str, history: Sequence[str] | None, buckets: int
     tool, args = _parse_call(context)
     method = args.get("method")
     site = [f"p|{tool}"] + ([f"p|{tool}|{method}"] if isinstance(method, str) else [])
-    keys: dict[str, None] = {}
+    keys: list[tuple[str, int]] = []
+    entries = 0
     for entry in (history or [])[-MAX_STRUCTURED:]:
         e_tool, e_args = _parse_call(entry)
         path = e_args.get("path")
-        if isinstance(path, str) and path:
+        if isinstance(path, str) and path and len(keys) < MAX_STRUCTURED:
             name = posixpath.basename(path.rstrip("/"))
-            for key in [f"h|{e_tool}|{name}"] + [f"hw|{w}" for w in _NAME_WORD.findall(name)[:8]]:
-                if len(keys) < MAX_STRUCTURED:
-                    keys.setdefault(key)
+            mine = dict.fromkeys([f"h|{e_tool}|{name}"]
+                                 + [f"hw|{w}" for w in _NAME_WORD.findall(name)[:8]])
+            keys += [(k, entries) for k in mine][:MAX_STRUCTURED - len(keys)]
+            entries += 1
     c_idx = np.fromiter((_bucket(k, buckets) for k in site), np.int64, len(site))
-    h_idx = np.fromiter((_bucket(k, buckets) for k in keys), np.int64, len(keys))
+    h_idx = np.fromiter((_bucket(k, buckets) for k, _ in keys), np.int64, len(keys))
+    h_grp = np.fromiter((e for _, e in keys), np.int64, len(keys))
     return (c_idx, np.full(len(site), 1.0 / np.sqrt(len(site))),
-            h_idx, np.ones(len(keys)))
+            h_idx, np.ones(len(keys)), h_grp)
 
 
-def pair_logit(call_rows, call_val, hist_rows, hist_val, pool: float = 0.0, xp=np):
+def pair_logit(call_rows, call_val, hist_rows, hist_val, pool: float = 0.0, xp=np,
+               hist_grp=None):
     """The call x history pair term of a batch, from the gathered rows ``U[call_idx]``
-    [B, Kc, rank] and ``V[hist_idx]`` [B, Kh, rank] (NumPy or CuPy alike, `xp`).
+    [B, Kc, rank] and ``V[hist_idx]`` [B, Kh, rank] (NumPy or CuPy alike, `xp`), and the
+    history entry of every key ``hist_grp`` [B, Kh] (None: each key its own entry).
 
     u = sum_k call_val[b,k] U[c_k] (the call's site); each history key scores
-    s_k = hist_val[b,k] <V[h_k], u>, and
+    s_k = hist_val[b,k] <V[h_k], u>, each history entry S_e = sum_{k in e} s_k, and
 
     - `pool` = 0: z_pair = sum_k s_k = <u, v>, v = sum_k hist_val V[h_k];
-    - `pool` = tau > 0: z_pair = sum_k a_k s_k, a = softmax(-s / tau) over the row's
-      keys (padding, value 0, excluded): a soft minimum, so the key that speaks most for
-      "block" carries the term. Why (docs/learning.md, "Pooling the history keys"): the
+    - `pool` = tau > 0: z_pair = sum_e a_e S_e, a = softmax(-S / tau) over the row's
+      entries (padding, value 0, excluded): a soft minimum, so the entry that speaks most
+      for "block" carries the term. Why (docs/learning.md, "Pooling the history"): the
       history rule is "ONE earlier read makes this call an exfiltration"; with a sum,
       every file a session touched before an exfiltration takes a share of the blame and
       an outbound call after an ordinary history looks suspicious; with the soft minimum
-      the blame goes to the key that already explains it best (multiple-instance
-      learning), and the other keys are left alone.
+      the blame goes to the read that already explains it best (multiple-instance
+      learning), and the other entries are left alone.
 
     Returns (z_pair [B], u [B, rank], v_eff [B, rank], hw [B, Kh]) with v_eff =
     dz_pair/du = sum_k hw_k V[h_k] and hw_k = dz_pair/ds_k * hist_val_k, so that, exactly
     (tests/test_wide.py checks both against central differences):
     d z_pair / d U[c] = sum_{k: c_k = c} call_val[b,k] v_eff[b], and
     d z_pair / d V[h] = sum_{k: h_k = h} hw[b,k] u[b]  (a scatter-add each);
-    for the soft minimum dz_pair/ds_k = a_k (1 - (s_k - z_pair) / tau)."""
+    for the soft minimum dz_pair/ds_k = dz_pair/dS_e(k) = a_e (1 - (S_e - z_pair) / tau)."""
     u = (call_val[:, :, None] * call_rows).sum(axis=1)
     if not pool:
         v = (hist_val[:, :, None] * hist_rows).sum(axis=1)
         return (u * v).sum(axis=1), u, v, hist_val
     s = hist_val * (hist_rows * u[:, None, :]).sum(axis=2)  # [B, Kh]
-    live = hist_val != 0
-    lowest = xp.where(live, s, xp.inf).min(axis=1, keepdims=True)
+    n_keys = s.shape[1]
+    grp = xp.arange(n_keys)[None, :] if hist_grp is None else hist_grp
+    # entry one-hot [B, Kh, E], E <= Kh: which entry each live key belongs to
+    member = ((grp[:, :, None] == xp.arange(n_keys)[None, None, :])
+              & (hist_val != 0)[:, :, None]).astype(s.dtype)
+    big_s = (member * s[:, :, None]).sum(axis=1)  # [B, E]
+    live = member.sum(axis=1) > 0
+    lowest = xp.where(live, big_s, xp.inf).min(axis=1, keepdims=True)
     lowest = xp.where(xp.isfinite(lowest), lowest, 0.0)  # a row without keys
-    e = xp.exp(xp.where(live, -(s - lowest) / pool, -xp.inf))
+    e = xp.exp(xp.where(live, -(big_s - lowest) / pool, -xp.inf))
     total = e.sum(axis=1, keepdims=True)  # >= 1 where the row has keys (its lowest: e = 1)
     a = e / xp.where(total > 0, total, 1.0)
-    z = (a * s).sum(axis=1)
-    hw = a * (1.0 - (s - z[:, None]) / pool) * hist_val
+    z = (a * big_s).sum(axis=1)
+    d_entry = a * (1.0 - (big_s - z[:, None]) / pool)  # dz_pair/dS_e
+    hw = (member * d_entry[:, None, :]).sum(axis=2) * hist_val
     return z, u, (hw[:, :, None] * hist_rows).sum(axis=1), hw
 
 
@@ -247,15 +260,15 @@ def wide_logit_host(take, feats: dict, scale: float, pool: float = 0.0) -> np.nd
     host arrays."""
     z = (take("wide.w", feats["wide_idx"]) * feats["wide_val"]).sum(axis=1)
     if PAIR_KEYS[0] in feats:
-        c_idx, c_val, h_idx, h_val = (feats[k] for k in PAIR_KEYS)
+        c_idx, c_val, h_idx, h_val, h_grp = (feats[k] for k in PAIR_KEYS)
         z = z + pair_logit(take("wide.pair_call", c_idx), c_val,
-                           take("wide.pair_hist", h_idx), h_val, pool)[0]
+                           take("wide.pair_hist", h_idx), h_val, pool, np, h_grp)[0]
     return scale * z
 
 
 #: The pair term's features in a `source_batch` ("wide_" keys: the promotion gate's
 #: transformer-only forward drops every "wide_" key).
-PAIR_KEYS = ("wide_pc_idx", "wide_pc_val", "wide_ph_idx", "wide_ph_val")
+PAIR_KEYS = ("wide_pc_idx", "wide_pc_val", "wide_ph_idx", "wide_ph_val", "wide_ph_grp")
 
 
 def wide_feature_keys(batch: dict, with_pair: bool) -> tuple[str, ...]:
@@ -268,11 +281,11 @@ def wide_feature_keys(batch: dict, with_pair: bool) -> tuple[str, ...]:
 class WideAdaGrad:
     """Online AdaGrad on the wide path's weights, one signal at a time.
 
-    For a signal with sparse features (idx, val), pair features (c, cv, h, hv), the rest
+    For a signal with sparse features (idx, val), pair features (c, cv, h, hv, entry), the rest
     of the gate's logit `z_rest` (the transformer's, held fixed), label y and weight w_i:
 
         z = z_rest + scale * (sum_k val_k W[idx_k] + z_pair),
-            z_pair, u, v_eff, hw = pair_logit(U[c], cv, V[h], hv, pool)
+            z_pair, u, v_eff, hw = pair_logit(U[c], cv, V[h], hv, pool, hist_grp=entry)
         dz = w_i (sigmoid(z) - y)
         dL/dW[j] = dz * scale * sum_{k: idx_k = j} val_k  (+ l2 W[j])
         dL/dU[c] = dz * scale * cv_c v_eff (+ l2 U[c]);  dL/dV[h] = dz * scale * hw_h u
@@ -348,7 +361,9 @@ class WideAdaGrad:
         z_lin = float(w_now @ val)
         sides, z_pair = [], 0.0
         if self.pair is not None and pair is not None:
-            for table, (rows, vals) in ((self.pair[0], pair[:2]), (self.pair[2], pair[2:])):
+            live = np.asarray(pair[3]) != 0  # padding, dropped below too
+            h_grp = np.asarray(pair[4])[live] if len(pair) > 4 else np.arange(int(live.sum()))
+            for table, (rows, vals) in ((self.pair[0], pair[:2]), (self.pair[2], pair[2:4])):
                 rows, vals = np.asarray(rows), np.asarray(vals, np.float64)
                 keep = vals != 0  # padding
                 rows, vals = rows[keep], vals[keep]
@@ -358,7 +373,8 @@ class WideAdaGrad:
             (_, c_inv, c_val, c_now), (_, h_inv, h_val, h_now) = sides
             if len(c_val) and len(h_val):
                 zp, u, v_eff, hw = pair_logit(c_now[c_inv][None], c_val[None],
-                                              h_now[h_inv][None], h_val[None], self.pool)
+                                              h_now[h_inv][None], h_val[None], self.pool,
+                                              np, h_grp[None])
                 z_pair = float(zp[0])
             else:  # a side without keys: no term (its rows' gradient is the L2 alone)
                 rank = c_now.shape[1]
