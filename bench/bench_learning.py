@@ -57,7 +57,9 @@ CHECK_EVERY = 500
 VARIANTS = {
     "v2": {},  # format 2 + the wide path: the default
     "v2-no-pair": {"wide_pair_rank": 0},  # the wide path without its call x history pair term
-    "v2-sum-pair": {"wide_pair_pool": 0.0},  # the pair term's history keys summed, not pooled
+    # the pair term's history keys summed, not pooled (keys are per entry since 2026-11-24:
+    # a file read twice counts twice, where the sum before deduplicated the history)
+    "v2-sum-pair": {"wide_pair_pool": 0.0},
     "v2-deep": {"wide_buckets": 0},  # format 2, transformer only
     "v1-deep": {"source_format": 1, "wide_buckets": 0},  # the encoding before the change
 }

@@ -12,8 +12,9 @@ daemon's wide path is at best) for each setting of
 - ``l2``: `TrainConfig.wide_l2`,
 - ``pair``: `ModelConfig.wide_pair_rank` (the call x history pair term; optional 4th
   field, default 0), ``pair_lr``: `TrainConfig.wide_pair_lr` (5th, default 0.1) and
-  ``pool``: `ModelConfig.wide_pair_pool` (6th, default 0.5, the daemon's: the history
-  keys' soft minimum; 0 sums them, as every table before the pooling did),
+  ``pool``: `ModelConfig.wide_pair_pool` (6th, default 0.5, the daemon's: the soft
+  minimum over the history's entries; 0 sums the keys, as the tables before the pooling
+  did, there with keys deduplicated over the whole history),
 
 with features built by the daemon's own `source_batch`, beside the anchor (bench/anchor.py)
 on the same signals, and prints: how many 500-signal checkpoints it is ahead of the anchor

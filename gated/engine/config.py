@@ -59,9 +59,10 @@ class ModelConfig:
     #: Standard deviation of the call side's initial factors (the history side starts at
     #: zero, so the term starts silent and is not noise on the first signals).
     wide_pair_init: float = 0.1
-    #: How the pair term pools its history keys (engine/wide.py `pair_logit`): 0 = a sum,
-    #: tau > 0 = a soft minimum at temperature tau (logit units), so one incriminating
-    #: read carries the term and the session's other files are not blamed with it.
+    #: How the pair term pools the history (engine/wide.py `pair_logit`): 0 = the sum of
+    #: its keys, tau > 0 = a soft minimum over its entries at temperature tau (logit
+    #: units), so one incriminating read carries the term and the session's other files
+    #: are not blamed with it.
     wide_pair_pool: float = 0.5
 
     def __post_init__(self) -> None:
