@@ -361,8 +361,6 @@ class WideAdaGrad:
         z_lin = float(w_now @ val)
         sides, z_pair = [], 0.0
         if self.pair is not None and pair is not None:
-            live = np.asarray(pair[3]) != 0  # padding, dropped below too
-            h_grp = np.asarray(pair[4])[live] if len(pair) > 4 else np.arange(int(live.sum()))
             for table, (rows, vals) in ((self.pair[0], pair[:2]), (self.pair[2], pair[2:4])):
                 rows, vals = np.asarray(rows), np.asarray(vals, np.float64)
                 keep = vals != 0  # padding
@@ -371,6 +369,8 @@ class WideAdaGrad:
                 now = self._host(table[self.xp.asarray(uniq)]).astype(np.float64)
                 sides.append((uniq, inv, vals, now))
             (_, c_inv, c_val, c_now), (_, h_inv, h_val, h_now) = sides
+            # each kept history key's entry (`keep` is the history side's, from the loop)
+            h_grp = np.asarray(pair[4])[keep] if len(pair) > 4 else np.arange(len(h_val))
             if len(c_val) and len(h_val):
                 zp, u, v_eff, hw = pair_logit(c_now[c_inv][None], c_val[None],
                                               h_now[h_inv][None], h_val[None], self.pool,
