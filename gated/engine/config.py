@@ -52,6 +52,10 @@ class ModelConfig:
     #: ... and one feature of this value per (call's tool and method) x (a history entry's
     #: tool and the last component of its `path`). 0 turns either off.
     wide_history_cross: float = 0.3
+    #: ... and the shapes of the arguments' values and of their tokens (letters -> ``a``,
+    #: digits -> ``0``), their total L2 norm this: what an unseen value shares with the
+    #: learned ones (docs/learning.md, "Argument shapes").
+    wide_call_shapes: float = 1.0
     #: The call x history pair term (engine/wide.py `pair_features`, `pair_logit`): rank of
     #: its two factor tables, each [wide_pair_buckets, rank]. 0 (or no wide path) = none.
     wide_pair_rank: int = 8
@@ -78,8 +82,8 @@ class ModelConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("wide_buckets", "max_history", "wide_history_scale", "wide_call_words",
-                     "wide_history_cross", "wide_pair_rank", "wide_pair_buckets",
-                     "wide_pair_init", "wide_pair_pool"):
+                     "wide_history_cross", "wide_call_shapes", "wide_pair_rank",
+                     "wide_pair_buckets", "wide_pair_init", "wide_pair_pool"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.wide_pair_rank and self.wide_pair_buckets < 2:

