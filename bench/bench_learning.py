@@ -48,6 +48,7 @@ from anchor import HashedNgramLR, anchor_text, label_weight  # noqa: E402
 from gated.config import TrainConfig  # noqa: E402
 from gated.daemon.trainer import build_trainer  # noqa: E402
 from gated.engine import ModelConfig, source_batch  # noqa: E402
+from gated.engine.wide import PAIR_KEYS  # noqa: E402
 from gated.online import brier_score, expected_calibration_error  # noqa: E402
 from gated.store import Store  # noqa: E402
 from gated.traffic import GatewayTraffic  # noqa: E402
@@ -106,7 +107,7 @@ class Probes:
             pu, ph = predict(items_u), predict(items_h)
         else:
             pu, z, z_deep, deep_mean = parts(items_u)
-            ph, zh, _, _ = parts(items_h)
+            ph, zh, zh_deep, _ = parts(items_h)
         yu = [e.true_allow for e in unseen]
         yh = [e.true_allow for e in hist]
         out = {"unseen": _acc(list(pu), yu), "unseen_block_recall": _recall_block(list(pu), yu),
@@ -119,6 +120,7 @@ class Probes:
             out["unseen_raw"] = _acc([float(x >= 0) for x in z], yu)
             out["unseen_wide"] = _acc([float(x >= 0) for x in z - z_deep + deep_mean], yu)
             out["history_raw"] = _acc([float(x >= 0) for x in zh], yh)
+            out["history_wide"] = _acc([float(x >= 0) for x in zh - zh_deep], yh)
         return out
 
 
@@ -217,6 +219,7 @@ def run(preset: str, lr: float, rate: float, n_signals: int, switch_at: int, see
                                       scored_parts)
                 pr_a = probe.evaluate(lambda items: [anchor.predict_proba(anchor_text(c, h))
                                                      for c, h in items])
+                live = _live_wide(trainer, cfg, probe.sets()[1])
                 rows.append({
                     "n": n, "policy": traffic.policy, "virtual_s": round(clock, 1),
                     "queue": queue, "steps": steps,
@@ -232,6 +235,7 @@ def run(preset: str, lr: float, rate: float, n_signals: int, switch_at: int, see
                     "probe_unseen_block_recall": pr_g["unseen_block_recall"],
                     "probe_history": pr_g["history"], "probe_history_anchor": pr_a["history"],
                     "probe_history_raw": pr_g["history_raw"],
+                    "probe_history_wide": pr_g["history_wide"], "probe_history_live": live,
                     "unseen_by_category": {c: (n, acc, pr_a["unseen_by_category"][c][1])
                                            for c, (n, acc) in pr_g["unseen_by_category"].items()},
                     **{k: round(v, 4) for k, v in trainer.monitor.stats().items()},
@@ -255,6 +259,20 @@ def run(preset: str, lr: float, rate: float, n_signals: int, switch_at: int, see
             "allow_band_precision": float(allow_band.mean()) if allow_band.size else float("nan"),
             "allow_band_share": float((p >= serving.bands.allow).mean()),
             "switch_at": switch_at, "trained_steps": trained_examples}
+
+
+def _live_wide(trainer, cfg: ModelConfig, events: list) -> float:
+    """Accuracy of the trainer's own wide learner (the weights it is stepping now, before
+    any publication) on `events` by its logit alone, z_wide >= 0."""
+    wide = getattr(trainer, "wide", None)
+    if wide is None:
+        return float("nan")
+    src = source_batch([(e.signal["context"], e.signal.get("history")) for e in events], cfg)
+    pair = [k for k in PAIR_KEYS if k in src]
+    z = [wide.gradient(src["wide_idx"][i], src["wide_val"][i], 0.0, 1.0, 1.0,
+                       tuple(src[k][i] for k in pair) if pair else None)[2]
+         for i in range(len(events))]
+    return float(np.mean([(zi >= 0) == e.true_allow for zi, e in zip(z, events, strict=True)]))
 
 
 def _setting(kind: type, text: str):
@@ -302,7 +320,9 @@ def _row_text(r: dict) -> str:
             f"{r['probe_unseen_anchor']:.3f} | {r.get('probe_unseen_raw', float('nan')):.3f} / "
             f"{r.get('probe_unseen_wide', float('nan')):.3f} | "
             f"{r['probe_history']:.3f} / {r['probe_history_anchor']:.3f} / "
-            f"{r.get('probe_history_raw', float('nan')):.3f} | {r['ece']:.3f} | "
+            f"{r.get('probe_history_raw', float('nan')):.3f} / "
+            f"{r.get('probe_history_wide', float('nan')):.3f} / "
+            f"{r.get('probe_history_live', float('nan')):.3f} | {r['ece']:.3f} | "
             f"{r['probe_unseen_block_recall']:.2f} | {_share(r):.2f} | {r['queue']} | "
             f"{r['virtual_s']} |")
 
@@ -316,8 +336,9 @@ TABLE_HEAD = ("| ordinary signals scored | policy | gated, last 500 vs TRUE | an
               "gated before calibration | wide part / transformer part, the other at its mean | "
               "gated block recall | unseen-value probes gated / "
               "anchor | unseen, gated before calibration / wide part alone | history-rule "
-              "probes gated / anchor / gated before calibration | ECE (vs signal labels) | "
-              "block recall on unseen | "
+              "probes gated / anchor / before calibration / wide logit alone / the trainer's "
+              "wide learner | ECE (vs "
+              "signal labels) | block recall on unseen | "
               "transformer's share | queue | virtual s |\n"
               "| ---: | --- | ---: | ---: | ---: | --- | ---: | --- | ---: | --- | ---: | ---: "
               "| ---: | ---: | ---: |")
