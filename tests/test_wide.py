@@ -153,8 +153,7 @@ def test_argument_shapes_let_an_unseen_value_share_the_features_of_its_kind():
     assert np.isclose(np.sqrt(sv @ sv), 1.0) and BIAS_BUCKET not in seen
     words, _ = structured_features(_call("fs.read", path="/x"), None, n, 0.3, 0.3)
     assert words.size == 2  # "/" and "x": no shapes unless asked for
-    huge = _call("shell.exec", **{f"a{k}": " ".join("1x" * i for i in range(5000))
-                                  for k in range(200)})
+    huge = _call("shell.exec", **{f"a{k}": f"x{k} y" for k in range(200)})  # 400 shapes
     idx, val = structured_features(huge, None, n, 0.0, 0.0, shape_scale=1.0)
     assert len(idx) == MAX_STRUCTURED and np.all(np.isfinite(val))
     assert len(shapes(_call("shell.exec", cmd=" ".join(["ls"] * 100)))[0]) == 2
@@ -169,7 +168,8 @@ def test_source_batch_adds_the_structured_features_to_the_ngrams():
     on_b, off_b = source_batch(items, cfg), source_batch(items, off)
     k = np.count_nonzero(off_b["wide_val"][0])
     extra = structured_features(*items[0], cfg.wide_buckets, 0.3, 0.3, cfg.wide_call_shapes)
-    assert cfg.wide_call_shapes > 0 and len(extra[0]) == 1 + 2 + 2 + 1  # words, shapes, cross
+    # words: POST, https : / a . io; shapes: each value and its one token; one cross
+    assert cfg.wide_call_shapes > 0 and len(extra[0]) == 7 + 4 + 1
     np.testing.assert_array_equal(on_b["wide_idx"][0, :k], off_b["wide_idx"][0, :k])
     np.testing.assert_array_equal(on_b["wide_idx"][0, k:k + len(extra[0])], extra[0])
 
