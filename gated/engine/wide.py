@@ -163,6 +163,8 @@ def structured_features(context: str, history: Sequence[str] | None, buckets: in
     if shape_scale > 0:
         shapes: dict[str, None] = {}
         for key, value in args.items():
+            if len(shapes) >= MAX_STRUCTURED:
+                break  # a hostile call with thousands of arguments costs no more
             text = value if isinstance(value, str) else json.dumps(value)
             names = [f"s|{tool}|{key}|{value_shape(text)}"] + [
                 f"t|{tool}|{key}|{value_shape(token)}"
