@@ -48,7 +48,6 @@ from anchor import HashedNgramLR, anchor_text, label_weight  # noqa: E402
 from gated.config import TrainConfig  # noqa: E402
 from gated.daemon.trainer import build_trainer  # noqa: E402
 from gated.engine import ModelConfig, source_batch  # noqa: E402
-from gated.engine.wide import PAIR_KEYS  # noqa: E402
 from gated.online import brier_score, expected_calibration_error  # noqa: E402
 from gated.store import Store  # noqa: E402
 from gated.traffic import GatewayTraffic  # noqa: E402
@@ -94,20 +93,23 @@ class Probes:
     def evaluate(self, predict, parts=None) -> dict[str, float]:
         """Accuracy of `predict` (items -> p_allow) on both sets. With `parts` (items ->
         p_allow, raw logits z, their transformer part, that part's mean on the stream's
-        last 500: one forward) the unseen probes are scored by it instead, and also decided
-        by z >= 0 (before calibration: an unseen value's logit is near 0, so Platt's
-        intercept can decide it) and by the wide part alone, the transformer's held at its
-        stream mean (does the transformer's part swing them?). With a standalone wide path
-        (`wide_residual = false`) the wide part has its own bias, so that mean shifts it:
-        then the column is a diagnostic, not its decision."""
+        last 500, and the trainer's live wide logit -- the weights its wide path is
+        stepping, not yet published: one forward) both sets are scored by it instead.
+        The unseen probes are also decided by z >= 0 (before calibration: an unseen
+        value's logit is near 0, so Platt's intercept can decide it) and by the wide part
+        alone, the transformer's held at its stream mean (does the transformer's part
+        swing them?). With a standalone wide path (`wide_residual = false`) the wide part
+        has its own bias, so that mean shifts it: then the column is a diagnostic, not its
+        decision. The history pairs are also decided by z >= 0, by the serving wide logit
+        alone and by the live one (where between learning and serving the rule is lost)."""
         unseen, hist = self.sets()
         items_u = [(e.signal["context"], e.signal.get("history")) for e in unseen]
         items_h = [(e.signal["context"], e.signal.get("history")) for e in hist]
         if parts is None:
             pu, ph = predict(items_u), predict(items_h)
         else:
-            pu, z, z_deep, deep_mean = parts(items_u)
-            ph, zh, zh_deep, _ = parts(items_h)
+            pu, z, z_deep, deep_mean, _ = parts(items_u)
+            ph, zh, zh_deep, _, zh_live = parts(items_h)
         yu = [e.true_allow for e in unseen]
         yh = [e.true_allow for e in hist]
         out = {"unseen": _acc(list(pu), yu), "unseen_block_recall": _recall_block(list(pu), yu),
@@ -121,6 +123,7 @@ class Probes:
             out["unseen_wide"] = _acc([float(x >= 0) for x in z - z_deep + deep_mean], yu)
             out["history_raw"] = _acc([float(x >= 0) for x in zh], yh)
             out["history_wide"] = _acc([float(x >= 0) for x in zh - zh_deep], yh)
+            out["history_live"] = _acc([float(x >= 0) for x in zh_live], yh)
         return out
 
 
@@ -214,12 +217,12 @@ def run(preset: str, lr: float, rate: float, n_signals: int, switch_at: int, see
                 def scored_parts(items, deep_mean=deep_mean):
                     sources = source_batch(items, cfg)
                     z, p, snap = serving.score_sources(sources)  # = predict_many's p
-                    return p, z, z - snap.model.wide_logit(sources), deep_mean
+                    return (p, z, z - snap.model.wide_logit(sources), deep_mean,
+                            trainer.model.wide_logit(sources))
                 pr_g = probe.evaluate(lambda items: serving.predict_many(items)[0],
                                       scored_parts)
                 pr_a = probe.evaluate(lambda items: [anchor.predict_proba(anchor_text(c, h))
                                                      for c, h in items])
-                live = _live_wide(trainer, cfg, probe.sets()[1])
                 rows.append({
                     "n": n, "policy": traffic.policy, "virtual_s": round(clock, 1),
                     "queue": queue, "steps": steps,
@@ -235,7 +238,8 @@ def run(preset: str, lr: float, rate: float, n_signals: int, switch_at: int, see
                     "probe_unseen_block_recall": pr_g["unseen_block_recall"],
                     "probe_history": pr_g["history"], "probe_history_anchor": pr_a["history"],
                     "probe_history_raw": pr_g["history_raw"],
-                    "probe_history_wide": pr_g["history_wide"], "probe_history_live": live,
+                    "probe_history_wide": pr_g["history_wide"],
+                    "probe_history_live": pr_g["history_live"],
                     "unseen_by_category": {c: (n, acc, pr_a["unseen_by_category"][c][1])
                                            for c, (n, acc) in pr_g["unseen_by_category"].items()},
                     **{k: round(v, 4) for k, v in trainer.monitor.stats().items()},
@@ -259,20 +263,6 @@ def run(preset: str, lr: float, rate: float, n_signals: int, switch_at: int, see
             "allow_band_precision": float(allow_band.mean()) if allow_band.size else float("nan"),
             "allow_band_share": float((p >= serving.bands.allow).mean()),
             "switch_at": switch_at, "trained_steps": trained_examples}
-
-
-def _live_wide(trainer, cfg: ModelConfig, events: list) -> float:
-    """Accuracy of the trainer's own wide learner (the weights it is stepping now, before
-    any publication) on `events` by its logit alone, z_wide >= 0."""
-    wide = getattr(trainer, "wide", None)
-    if wide is None:
-        return float("nan")
-    src = source_batch([(e.signal["context"], e.signal.get("history")) for e in events], cfg)
-    pair = [k for k in PAIR_KEYS if k in src]
-    z = [wide.gradient(src["wide_idx"][i], src["wide_val"][i], 0.0, 1.0, 1.0,
-                       tuple(src[k][i] for k in pair) if pair else None)[2]
-         for i in range(len(events))]
-    return float(np.mean([(zi >= 0) == e.true_allow for zi, e in zip(z, events, strict=True)]))
 
 
 def _setting(kind: type, text: str):
