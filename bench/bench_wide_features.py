@@ -16,7 +16,9 @@ daemon's wide path is at best) for each setting of
   minimum over the history's entries; 0 sums the keys, as the tables before the pooling
   did, there with keys deduplicated over the whole history) and ``shapes``:
   `ModelConfig.wide_call_shapes` (7th; the daemon's is 1.0, absent is 0 = none, so the
-  commands of the tables before the argument shapes still give those tables),
+  commands of the tables before the argument shapes still give those tables), ``lr``:
+  `TrainConfig.wide_lr` (8th, default 0.5) and ``init``: `ModelConfig.wide_pair_init`
+  (9th, default 0.1),
 
 with features built by the daemon's own `source_batch`, beside the anchor (bench/anchor.py)
 on the same signals, and prints: how many 500-signal checkpoints it is ahead of the anchor
@@ -33,6 +35,8 @@ precision) and the history-rule pairs.
         --switch-at 4000 --grid 0.3,0.3,1e-3,8,0.1,0 0.3,0.3,1e-3,8,0.1,0.5      # pooling
     .venv/bin/python bench/bench_wide_features.py --seeds 0 1 2 3 4 5 --signals 4500 \
         --switch-at 4000 --grid 0.3,0.3,1e-3,8,0.1,0.5,0 0.3,0.3,1e-3,8,0.1,0.5,1  # shapes
+    .venv/bin/python bench/bench_wide_features.py --seeds 0 1 2 3 4 5 --signals 5500 \
+        --switch-at 4000 --grid 0.3,0.3,1e-3,8,0.1,0.5,1,0.5 0.3,0.3,3e-3,8,0.1,0.5,1,0.3
 """
 
 from __future__ import annotations
@@ -63,15 +67,18 @@ DEFAULT_GRID = ["0,0,1e-5", "0,0,1e-3", "0.3,0,1e-5", "0.3,0,1e-3", "0,0.3,1e-3"
 
 def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: int,
            probes: int, points: tuple[int, ...], lag: int = 1, pair_rank: int = 0,
-           pair_lr: float = 0.1, pool: float = 0.5, shapes: float = 0.0) -> dict:
+           pair_lr: float = 0.1, pool: float = 0.5, shapes: float = 0.0, lr: float = 0.5,
+           pair_init: float = 0.1) -> dict:
     """One setting's run; `lag` > 1 scores each signal with weights that have not yet
     learned the previous `lag` - 1 (updates applied in groups of `lag`), as the daemon's
     trainer scores a step's arrivals with the weights published before them. `pair_rank`
     > 0 adds the call x history pair term (its tables initialised as the daemon's), its
-    history keys pooled by `pool`; `shapes` is the argument shapes' norm."""
+    history keys pooled by `pool`; `shapes` is the argument shapes' norm, `lr` AdaGrad's
+    rate for the linear weights and `pair_init` the pair tables' initial scale."""
     cfg = dataclasses.replace(ModelConfig.preset("flint"), wide_call_words=words,
                               wide_history_cross=cross, wide_pair_rank=pair_rank,
-                              wide_pair_pool=pool, wide_call_shapes=shapes)
+                              wide_pair_pool=pool, wide_call_shapes=shapes,
+                              wide_pair_init=pair_init)
 
     def feats(context: str, history: list[str] | None) -> tuple:
         b = source_batch([(context, history)], cfg)
@@ -79,7 +86,7 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
         return b["wide_idx"][0], b["wide_val"][0], 0.0, pair
 
     model = Model.init(cfg, seed=0, dtype="float64")  # the wide slots, initialised
-    wide = WideAdaGrad.for_model(model, np.zeros(model.num_params), lr=0.5, l2=l2,
+    wide = WideAdaGrad.for_model(model, np.zeros(model.num_params), lr=lr, l2=l2,
                                  pair_lr=pair_lr)
     anchor = HashedNgramLR()
     stream, probe_src = GatewayTraffic(seed=seed), GatewayTraffic(seed=seed)
@@ -130,7 +137,7 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--grid", nargs="+", default=DEFAULT_GRID,
-                    metavar="WORDS,CROSS,L2[,PAIR_RANK[,PAIR_LR[,POOL[,SHAPES]]]]")
+                    metavar="WORDS,CROSS,L2[,PAIR_RANK[,PAIR_LR[,POOL[,SHAPES[,LR[,INIT]]]]]]")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--signals", type=int, default=12000)
     ap.add_argument("--switch-at", type=int, default=4000)
@@ -138,26 +145,28 @@ def main() -> None:
     ap.add_argument("--lag", type=int, default=1, help="signals scored before learning")
     a = ap.parse_args()
     points = (a.switch_at - 500, a.signals - 500)
-    print("| words | cross | l2 | pair rank, lr, pool | shapes | seed | ahead of anchor | "
+    print("| words | cross | l2 | pair rank, lr, pool | shapes | lr, init | seed | "
+          "ahead of anchor | "
           f"mean / worst / first diff | unseen @{points[0]} / @{points[1]} | block recall | "
           "allow precision | history rule |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- | --- | --- |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- | --- "
+          "| --- |")
     for spec in a.grid:
         fields = [float(x) for x in spec.split(",")]
         words, cross, l2 = fields[:3]
-        rank, pair_lr, pool, shapes = (int(fields[3]) if len(fields) > 3 else 0,
-                                       fields[4] if len(fields) > 4 else 0.1,
-                                       fields[5] if len(fields) > 5 else 0.5,
-                                       fields[6] if len(fields) > 6 else 0.0)
+        defaults = (0, 0.1, 0.5, 0.0, 0.5, 0.1)  # rank, pair_lr, pool, shapes, lr, init
+        rank, pair_lr, pool, shapes, lr, init = (
+            fields[3 + k] if len(fields) > 3 + k else d for k, d in enumerate(defaults))
+        rank = int(rank)
         for seed in a.seeds:
             r = replay(words, cross, l2, seed, a.signals, a.switch_at, a.probes, points, a.lag,
-                       rank, pair_lr, pool, shapes)
+                       rank, pair_lr, pool, shapes, lr, init)
             p0, p1 = (r["at"][p] for p in points)
 
             def pair(k: str, p0=p0, p1=p1) -> str:
                 return f"{p0[k]:.3f} / {p1[k]:.3f}"
             print(f"| {words:g} | {cross:g} | {l2:g} | {rank}, {pair_lr:g}, {pool:g} | "
-                  f"{shapes:g} | {seed} | "
+                  f"{shapes:g} | {lr:g}, {init:g} | {seed} | "
                   f"{r['ahead']}/{r['checks']} | "
                   f"{r['mean']:+.4f} / {r['worst']:+.3f} / {r['first']:+.3f} | {pair('unseen')} | "
                   f"{pair('recall')} | {pair('allow_prec')} | {pair('history')} |", flush=True)
