@@ -264,14 +264,17 @@ def pair_logit(call_rows, call_val, hist_rows, hist_val, pool: float = 0.0, xp=n
     if not pool:
         v = (hist_val[:, :, None] * hist_rows).sum(axis=1)
         return (u * v).sum(axis=1), u, v, hist_val
-    s = hist_val * (hist_rows * u[:, None, :]).sum(axis=2)  # [B, Kh]
-    n_keys = s.shape[1]
-    grp = xp.arange(n_keys)[None, :] if hist_grp is None else hist_grp
-    # entry one-hot [B, Kh, E], E <= Kh: which entry each live key belongs to
-    member = ((grp[:, :, None] == xp.arange(n_keys)[None, None, :])
-              & (hist_val != 0)[:, :, None]).astype(s.dtype)
-    big_s = (member * s[:, :, None]).sum(axis=1)  # [B, E]
-    live = member.sum(axis=1) > 0
+    s = hist_val * (hist_rows * u[:, None, :]).sum(axis=2)  # [B, Kh]; padding: 0
+    rows, n_keys = s.shape
+    grp = (xp.broadcast_to(xp.arange(n_keys)[None, :], s.shape) if hist_grp is None
+           else xp.asarray(hist_grp).astype(xp.int64, copy=False))
+    # entry e of row b is slot b * Kh + e (E <= Kh entries a row): scatter-add the keys'
+    # scores into their entries, and count each entry's live (non-padding) keys
+    slot = (xp.arange(rows)[:, None] * n_keys + grp).ravel()
+    big_s = xp.bincount(slot, weights=s.ravel(), minlength=rows * n_keys)
+    big_s = big_s.reshape(rows, n_keys).astype(s.dtype, copy=False)  # [B, E]
+    live = xp.bincount(slot, weights=(hist_val != 0).ravel().astype(s.dtype),
+                       minlength=rows * n_keys).reshape(rows, n_keys) > 0
     lowest = xp.where(live, big_s, xp.inf).min(axis=1, keepdims=True)
     lowest = xp.where(xp.isfinite(lowest), lowest, 0.0)  # a row without keys
     e = xp.exp(xp.where(live, -(big_s - lowest) / pool, -xp.inf))
@@ -279,7 +282,7 @@ def pair_logit(call_rows, call_val, hist_rows, hist_val, pool: float = 0.0, xp=n
     a = e / xp.where(total > 0, total, 1.0)
     z = (a * big_s).sum(axis=1)
     d_entry = a * (1.0 - (big_s - z[:, None]) / pool)  # dz_pair/dS_e
-    hw = (member * d_entry[:, None, :]).sum(axis=2) * hist_val
+    hw = xp.take_along_axis(d_entry, grp, axis=1) * hist_val  # each key's entry's
     return z, u, (hw[:, :, None] * hist_rows).sum(axis=1), hw
 
 
