@@ -147,14 +147,13 @@ class TrainConfig:
                                 "this many rows, each padded to its own longest source (same "
                                 "loss and gradient, less padding); 0 = one piece", hot=True,
                                 lo=0, hi=4096)
-    wide_lr: float = _opt(0.3, "AdaGrad learning rate of the wide (hashed n-gram) path, "
-                          "which learns from every fresh signal (0.3 with wide_l2 3e-3: "
-                          "the sweep in docs/learning.md, 'The wide path's rate')",
+    wide_lr: float = _opt(0.5, "AdaGrad learning rate of the wide (hashed n-gram) path, "
+                          "which learns from every fresh signal (0.3 with wide_l2 3e-3 was "
+                          "tried and not kept: docs/learning.md, 'The wide path's rate')",
                           hot=True, lo=0.0, hi=100.0)
-    wide_l2: float = _opt(3e-3, "L2 penalty of the wide path's weights (3e-3: the sweep in "
+    wide_l2: float = _opt(1e-3, "L2 penalty of the wide path's weights (1e-3: the sweep in "
                           "docs/learning.md; it is what lets unseen values fall back on "
-                          "the shared features, and what keeps an outbound call's own "
-                          "words from soaking up the history rule)", hot=True, lo=0.0)
+                          "the shared features)", hot=True, lo=0.0)
     wide_replay: int = _opt(0, "examples from the replay reservoir the wide path learns "
                             "again per fresh signal (the reservoir's, relabelled by "
                             "corrections and dropped after a drift); 0 = one pass over the "

@@ -61,10 +61,9 @@ class ModelConfig:
     wide_pair_rank: int = 8
     wide_pair_buckets: int = 1 << 14
     #: Standard deviation of the call side's initial factors (the history side starts at
-    #: zero, so the term starts silent and is not noise on the first signals). 0.3: a
-    #: larger call side gives the history side larger first steps (dz/dV = u), so the
-    #: history rule is learned sooner (docs/learning.md, "The wide path's rate").
-    wide_pair_init: float = 0.3
+    #: zero, so the term starts silent and is not noise on the first signals). 0.3 was
+    #: tried with a slower wide path and not kept (docs/learning.md, "The wide path's rate").
+    wide_pair_init: float = 0.1
     #: How the pair term pools the history (engine/wide.py `pair_logit`): 0 = the sum of
     #: its keys, tau > 0 = a soft minimum over its entries at temperature tau (logit
     #: units), so one incriminating read carries the term and the session's other files
