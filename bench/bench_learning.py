@@ -354,6 +354,29 @@ def by_category(r: dict) -> list[str]:
     return out
 
 
+def _every_checkpoint(rows: list[dict], settled: int = 2000) -> str:
+    """The probes over all checkpoints, not at one: a single checkpoint's history-rule
+    figure is one draw from a wide spread (docs/learning.md, "The wide path's rate"), so a
+    comparison between runs reads these counts and means as well. The history rule's mean
+    is given per policy (after the change its probes are e-mail only), before the change
+    from `settled` signals on."""
+    def worst(key: str) -> str:
+        x = min(rows, key=lambda x: x[key])
+        return f"lowest {x[key]:.3f} at {x['n']}"
+
+    def mean(part: list[dict]) -> str:
+        return (f"{np.mean([x['probe_history'] for x in part]):.3f} (anchor "
+                f"{np.mean([x['probe_history_anchor'] for x in part]):.3f})" if part else "-")
+    first = rows[0]["policy"]
+    before = [x for x in rows if x["policy"] == first and x["n"] >= settled]
+    after = [x for x in rows if x["policy"] != first]
+    return (f"- over all {len(rows)} checkpoints: unseen-value probes >= 0.90 at "
+            f"{sum(x['probe_unseen'] >= 0.90 for x in rows)} ({worst('probe_unseen')}); "
+            f"history rule >= 0.90 at {sum(x['probe_history'] >= 0.90 for x in rows)} "
+            f"({worst('probe_history')}), its mean before the change from {settled} signals "
+            f"on {mean(before)}, after it {mean(after)}")
+
+
 def summary(r: dict) -> list[str]:
     rows, switch = r["rows"], r["switch_at"]
     beats = all(x["gated"] > x["anchor"] for x in rows)
@@ -378,6 +401,7 @@ def summary(r: dict) -> list[str]:
         f"{last_pre['probe_unseen_anchor']:.3f}), block recall on them "
         f"{last_pre['probe_unseen_block_recall']:.3f}; history-rule probes "
         f"{last_pre['probe_history']:.3f} (anchor {last_pre['probe_history_anchor']:.3f})",
+        _every_checkpoint(rows),
         f"- last 2000 scored, against the TRUE label: ECE {r['ece_true']:.3f}, Brier "
         f"{r['brier_true']:.3f}, allow-band precision {r['allow_band_precision']:.4f} "
         f"({100 * r['allow_band_share']:.0f}% of calls in the allow band)",
