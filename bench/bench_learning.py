@@ -61,6 +61,9 @@ VARIANTS = {
     # the pair term's history keys summed, not pooled (keys are per entry since 2026-11-24:
     # a file read twice counts twice, where the sum before deduplicated the history)
     "v2-sum-pair": {"wide_pair_pool": 0.0},
+    # the pair term's call side initialised at 0.3, not 0.1 (docs/learning.md, "The wide
+    # path's rate"; with --set wide_lr=... --set wide_l2=... for that section's rows)
+    "v2-pair-init-0.3": {"wide_pair_init": 0.3},
     "v2-deep": {"wide_buckets": 0},  # format 2, transformer only
     "v1-deep": {"source_format": 1, "wide_buckets": 0},  # the encoding before the change
 }
