@@ -36,7 +36,8 @@ precision) and the history-rule pairs.
     .venv/bin/python bench/bench_wide_features.py --seeds 0 1 2 3 4 5 --signals 4500 \
         --switch-at 4000 --grid 0.3,0.3,1e-3,8,0.1,0.5,0 0.3,0.3,1e-3,8,0.1,0.5,1  # shapes
     .venv/bin/python bench/bench_wide_features.py --seeds 0 1 2 3 4 5 --signals 5500 \
-        --switch-at 4000 --grid 0.3,0.3,1e-3,8,0.1,0.5,1,0.5 0.3,0.3,3e-3,8,0.1,0.5,1,0.3
+        --switch-at 4000 --grid 0.3,0.3,1e-3,8,0.1,0.5,1,0.5,0.1 \
+        0.3,0.3,3e-3,8,0.1,0.5,1,0.3,0.3                   # the wide path's rate (not kept)
 """
 
 from __future__ import annotations
