@@ -282,7 +282,7 @@ def pair_logit(call_rows, call_val, hist_rows, hist_val, pool: float = 0.0, xp=n
     a = e / xp.where(total > 0, total, 1.0)
     z = (a * big_s).sum(axis=1)
     d_entry = a * (1.0 - (big_s - z[:, None]) / pool)  # dz_pair/dS_e
-    hw = xp.take_along_axis(d_entry, grp, axis=1) * hist_val  # each key's entry's
+    hw = xp.take_along_axis(d_entry, grp, axis=1) * hist_val  # its entry's dz/dS_e, per key
     return z, u, (hw[:, :, None] * hist_rows).sum(axis=1), hw
 
 
