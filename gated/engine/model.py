@@ -212,13 +212,14 @@ class Model:
         return src, seg, self._wide_inputs(batch)
 
     def _wide_inputs(self, batch: dict[str, Any]) -> dict | None:
-        """The wide path's features of a batch on the backend (ids int64, values in the
-        model's dtype), or None when the model or the batch has none."""
+        """The wide path's features of a batch on the backend (bucket ids and the history
+        keys' entry numbers as integers, values in the model's dtype), or None when the
+        model or the batch has none."""
         if "wide_idx" not in batch or "wide.w" not in self.params:
             return None
         keys = wide_feature_keys(batch, "wide.pair_call" in self.params)
         xp = self.ops.xp
-        return {k: xp.asarray(batch[k]) if k.endswith("_idx") else
+        return {k: xp.asarray(batch[k]) if k.endswith(("_idx", "_grp")) else
                 xp.asarray(batch[k], dtype=self.dtype) for k in keys}
 
     # --- loss, forward and backward ------------------------------------------------------

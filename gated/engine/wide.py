@@ -267,7 +267,7 @@ def pair_logit(call_rows, call_val, hist_rows, hist_val, pool: float = 0.0, xp=n
     s = hist_val * (hist_rows * u[:, None, :]).sum(axis=2)  # [B, Kh]; padding: 0
     rows, n_keys = s.shape
     grp = (xp.broadcast_to(xp.arange(n_keys)[None, :], s.shape) if hist_grp is None
-           else xp.asarray(hist_grp).astype(xp.int64, copy=False))
+           else xp.asarray(hist_grp))
     # entry e of row b is slot b * Kh + e (E <= Kh entries a row): scatter-add the keys'
     # scores into their entries, and count each entry's live (non-padding) keys
     slot = (xp.arange(rows)[:, None] * n_keys + grp).ravel()
