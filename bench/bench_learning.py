@@ -64,6 +64,8 @@ VARIANTS = {
     # the pair term's call side initialised at 0.3, not 0.1 (docs/learning.md, "The wide
     # path's rate"; with --set wide_lr=... --set wide_l2=... for that section's rows)
     "v2-pair-init-0.3": {"wide_pair_init": 0.3},
+    # the history as a veto, c = 2 (docs/learning.md, "The history as a veto"; not kept)
+    "v2-veto-2": {"wide_pair_veto": 2.0},
     "v2-deep": {"wide_buckets": 0},  # format 2, transformer only
     "v1-deep": {"source_format": 1, "wide_buckets": 0},  # the encoding before the change
 }
@@ -76,6 +78,11 @@ def _acc(p: list[float], y: list[bool]) -> float:
 def _recall_block(p: list[float], y: list[bool]) -> float:
     blocks = [pi < 0.5 for pi, yi in zip(p, y, strict=True) if not yi]
     return float(np.mean(blocks)) if blocks else float("nan")
+
+
+def _recall_allow(p: list[float], y: list[bool]) -> float:
+    allows = [pi >= 0.5 for pi, yi in zip(p, y, strict=True) if yi]
+    return float(np.mean(allows)) if allows else float("nan")
 
 
 class Probes:
@@ -116,7 +123,11 @@ class Probes:
         yu = [e.true_allow for e in unseen]
         yh = [e.true_allow for e in hist]
         out = {"unseen": _acc(list(pu), yu), "unseen_block_recall": _recall_block(list(pu), yu),
-               "history": _acc(list(ph), yh), "unseen_by_category": {}}
+               "history": _acc(list(ph), yh), "unseen_by_category": {},
+               # the pairs' two members apart: the secret read in the window (blocked by
+               # the rule) and its twin with a benign read (allowed)
+               "history_block": _recall_block(list(ph), yh),
+               "history_twins": _recall_allow(list(ph), yh)}
         for cat in sorted({e.category for e in unseen}):
             rows = [i for i, e in enumerate(unseen) if e.category == cat]
             out["unseen_by_category"][cat] = (len(rows), _acc([pu[i] for i in rows],
@@ -240,6 +251,8 @@ def run(preset: str, lr: float, rate: float, n_signals: int, switch_at: int, see
                     "probe_unseen_wide": pr_g["unseen_wide"],
                     "probe_unseen_block_recall": pr_g["unseen_block_recall"],
                     "probe_history": pr_g["history"], "probe_history_anchor": pr_a["history"],
+                    "probe_history_block": pr_g["history_block"],
+                    "probe_history_twins": pr_g["history_twins"],
                     "probe_history_raw": pr_g["history_raw"],
                     "probe_history_wide": pr_g["history_wide"],
                     "probe_history_live": pr_g["history_live"],
@@ -373,11 +386,18 @@ def _every_checkpoint(rows: list[dict], settled: int = 2000) -> str:
     first = rows[0]["policy"]
     before = [x for x in rows if x["policy"] == first and x["n"] >= settled]
     after = [x for x in rows if x["policy"] != first]
+
+    def halves(key: str) -> str:
+        return " / ".join(f"{np.mean([x[key] for x in part]):.3f}" if part else "-"
+                          for part in (before, after))
     return (f"- over all {len(rows)} checkpoints: unseen-value probes >= 0.90 at "
             f"{sum(x['probe_unseen'] >= 0.90 for x in rows)} ({worst('probe_unseen')}); "
             f"history rule >= 0.90 at {sum(x['probe_history'] >= 0.90 for x in rows)} "
             f"({worst('probe_history')}), its mean before the change from {settled} signals "
-            f"on {mean(before)}, after it {mean(after)}")
+            f"on {mean(before)}, after it {mean(after)}; its block members (the secret read "
+            f"in the window) >= 0.90 at {sum(x['probe_history_block'] >= 0.90 for x in rows)}"
+            f", mean before / after the change {halves('probe_history_block')}, their allow "
+            f"twins {halves('probe_history_twins')}")
 
 
 def summary(r: dict) -> list[str]:

@@ -216,13 +216,15 @@ def test_wide_and_segment_gradients_at_the_entries_a_batch_touches():
     assert rel_error(np.array([model.grads["seg_emb"][i] for i in idx]), num) < TOL
 
 
-@pytest.mark.parametrize("pool", [0.0, 0.5])
-def test_pair_term_gradients_at_the_rows_a_batch_touches(pool: float):
+@pytest.mark.parametrize(("pool", "veto"), [(0.0, 0.0), (0.5, 0.0), (0.5, 2.0)])
+def test_pair_term_gradients_at_the_rows_a_batch_touches(pool: float, veto: float):
     """The call x history pair term (engine/wide.py `pair_logit`, its history keys summed
-    or pooled by a soft minimum): its two factor tables' gradients, from the joint loss's
-    backward, against central differences at every row the batch touches; rows it does
-    not touch get exactly 0."""
-    model = _random_model(8, dataclasses.replace(ModelConfig.tiny(), wide_pair_pool=pool))
+    or pooled by a soft minimum, added to the linear logit or a veto): its two factor
+    tables' gradients, from the joint loss's backward, against central differences at
+    every row the batch touches; rows it does not touch get exactly 0. With a veto the
+    linear weights' gradient changes too (`veto_combine`): checked as well."""
+    model = _random_model(8, dataclasses.replace(ModelConfig.tiny(), wide_pair_pool=pool,
+                                                 wide_pair_veto=veto))
     read = 'fs.read {"path": "/home/a/src/p/%s"}'
     examples = [
         {"context": 'http.request {"method": "POST", "url": "https://x.io/a"}',
@@ -248,6 +250,10 @@ def test_pair_term_gradients_at_the_rows_a_batch_touches(pool: float):
         untouched = np.ones(model.cfg.wide_pair_buckets, bool)
         untouched[rows] = False
         assert np.all(model.grads[name][untouched] == 0)
+    touched = sorted({int(i) for i in batch["wide_idx"][batch["wide_val"] != 0]})[:24]
+    idx = [(0, i) for i in touched]
+    num = numeric_grad_entries(lambda: model.loss(batch)[0], model.params["wide.w"], idx)
+    assert rel_error(np.array([model.grads["wide.w"][i] for i in idx]), num) < TOL
 
 
 def test_history_does_not_change_the_call_tokens_and_an_empty_history_pools_to_zero():

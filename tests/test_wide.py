@@ -23,6 +23,7 @@ from gated.engine.wide import (
     pair_logit,
     structured_features,
     value_shape,
+    veto_combine,
     wide_features,
 )
 from gated.store import Store
@@ -358,6 +359,58 @@ def test_pair_gradient_matches_central_differences(pool: float, entries: list | 
     np.testing.assert_allclose(learner.pair[1][c_rows], 0.5 * g_u ** 2, rtol=1e-9)
 
 
+@pytest.mark.parametrize("veto", [2.0, 0.5])
+def test_the_history_as_a_veto_has_exact_gradients(veto: float):
+    """`wide_pair_veto` (engine/wide.py `veto_combine`): sigmoid(z_wide) = sigmoid(linear)
+    sigmoid(veto + pair), written out here as a probability product; the learner's logit
+    and its gradients with respect to W, U and V against central differences (float64)."""
+    rng = np.random.default_rng(8)
+    w, g2 = rng.normal(size=32), np.zeros(32)
+    u_tab, v_tab = rng.normal(size=(16, 3)), rng.normal(size=(16, 3))
+    learner = WideAdaGrad(w, g2, scale=1.3, l2=1e-3, pool=0.5, veto=veto,
+                          pair=(u_tab, np.zeros_like(u_tab), v_tab, np.zeros_like(v_tab)))
+    idx, val = np.array([0, 4, 7, 4]), rng.normal(size=4)
+    pair = (np.array([2, 5]), np.array([0.6, 0.8]), np.array([1, 9, 1, 12]),
+            np.array([1.0, 1.0, 0.5, 1.0]), np.array([0, 0, 1, 2]))
+    z_rest, label, weight = 0.3, 0.0, 3.0
+
+    def z_of() -> float:
+        q = (1 / (1 + np.exp(-float(w[idx] @ val)))
+             / (1 + np.exp(-(veto + _pair_reference(u_tab, v_tab, pair, 0.5)))))
+        return z_rest + 1.3 * float(np.log(q / (1 - q)))
+
+    def loss() -> float:
+        reg = sum(float((t[np.unique(r)] ** 2).sum()) for t, r in
+                  ((w, idx), (u_tab, pair[0]), (v_tab, np.array([1, 9, 12]))))
+        return _bce(z_of(), label, weight) + 0.5 * 1e-3 * reg
+
+    buckets, g_w, z = learner.gradient(idx, val, z_rest, label, weight, pair)
+    assert z == pytest.approx(z_of(), rel=1e-12)
+    assert rel_error(g_w, numeric_grad_entries(loss, w, [(int(b),) for b in buckets])) < 1e-6
+    (c_rows, g_u), (h_rows, g_v) = learner.pair_gradient(idx, val, z_rest, label, weight, pair)
+    for table, rows, grad in ((u_tab, c_rows, g_u), (v_tab, h_rows, g_v)):
+        entries = [(int(r), c) for r in rows for c in range(3)]
+        assert np.abs(grad).min() > 0
+        assert rel_error(grad.ravel(), numeric_grad_entries(loss, table, entries)) < 1e-6
+
+
+def test_veto_combine_is_the_sum_without_a_veto_and_stable_with_one():
+    """Without a veto the two parts add (derivatives 1); with one, z is the logit of the
+    product of the two allow probabilities, finite for logits of any size, near the
+    smaller of the two when both are large and near the linear part when the history
+    is sure of "allow"."""
+    a, p = np.array([-3.0, 0.0, 2.0, 40.0, 800.0, -800.0]), np.array([1.0, -1, 5, 45, 800, 0])
+    z, da, dp = veto_combine(a, p, 0.0)
+    assert np.array_equal(z, a + p) and np.all(da == 1) and np.all(dp == 1)
+    z, da, dp = veto_combine(a, p, 3.0)
+    assert np.all(np.isfinite(z)) and np.all(np.isfinite(da)) and np.all(np.isfinite(dp))
+    q = 1 / (1 + np.exp(-a[:3])) / (1 + np.exp(-(3.0 + p[:3])))
+    np.testing.assert_allclose(z[:3], np.log(q / (1 - q)), rtol=1e-12)
+    assert z[3] == pytest.approx(40.0, abs=1e-3)  # the smaller, 40 (+3 + 45 barely counts)
+    assert z[5] == pytest.approx(-800.0 - np.log1p(np.exp(-3.0)))  # + log sigmoid(3)
+    assert np.all((da >= 0) & (da <= 1 + 1e-12)) and np.all((dp >= 0) & (dp <= 1 + 1e-12))
+
+
 def test_the_soft_minimum_follows_the_key_that_speaks_for_block():
     """`pair_logit` with pool tau: between the lowest key's score and the mean, near the
     lowest for a small tau; a row without history keys (padding only) gives exactly 0 and
@@ -379,13 +432,14 @@ def test_the_soft_minimum_follows_the_key_that_speaks_for_block():
         s[0].sum())
 
 
-@pytest.mark.parametrize("pool", [0.0, 0.5])
-def test_the_learner_and_the_model_give_the_same_wide_logit(pool: float):
+@pytest.mark.parametrize(("pool", "veto"), [(0.0, 0.0), (0.5, 0.0), (0.5, 2.0)])
+def test_the_learner_and_the_model_give_the_same_wide_logit(pool: float, veto: float):
     """WideAdaGrad (one signal, host) and the model's forward (a batch, padded) compute the
     same wide logit, the pair term pooled alike -- also when two of a signal's history keys
     share a bucket (a tiny table makes that happen): the learner must not merge them
     before pooling, or it would train a different function from the one that serves."""
-    cfg = dataclasses.replace(ModelConfig.tiny(), wide_pair_buckets=4, wide_pair_pool=pool)
+    cfg = dataclasses.replace(ModelConfig.tiny(), wide_pair_buckets=4, wide_pair_pool=pool,
+                              wide_pair_veto=veto)
     model = Model.init(cfg, seed=2, dtype="float64")
     rng = np.random.default_rng(2)
     for name in ("wide.w", "wide.pair_call", "wide.pair_hist"):

@@ -69,6 +69,11 @@ class ModelConfig:
     #: units), so one incriminating read carries the term and the session's other files
     #: are not blamed with it.
     wide_pair_pool: float = 0.5
+    #: How the pair term joins the linear logit (engine/wide.py `veto_combine`): 0 = added;
+    #: c > 0 = the history as a veto, sigmoid(z) = sigmoid(linear) sigmoid(c + pair), c
+    #: being how sure an unremarkable history is of "allow" (docs/learning.md, "The
+    #: history as a veto").
+    wide_pair_veto: float = 0.0
 
     def __post_init__(self) -> None:
         if self.d_model % self.n_heads != 0:
@@ -84,7 +89,7 @@ class ModelConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("wide_buckets", "max_history", "wide_history_scale", "wide_call_words",
                      "wide_history_cross", "wide_call_shapes", "wide_pair_rank",
-                     "wide_pair_buckets", "wide_pair_init", "wide_pair_pool"):
+                     "wide_pair_buckets", "wide_pair_init", "wide_pair_pool", "wide_pair_veto"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.wide_pair_rank and self.wide_pair_buckets < 2:

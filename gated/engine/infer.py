@@ -128,7 +128,8 @@ class InferencePlan:
         if self.wide and "wide_idx" in sources:
             feats = {k: np.asarray(sources[k])
                      for k in wide_feature_keys(sources, "wide.pair_call" in self.wide)}
-            z += wide_logit_host(self._take, feats, cfg.wide_scale, cfg.wide_pair_pool)
+            z += wide_logit_host(self._take, feats, cfg.wide_scale, cfg.wide_pair_pool,
+                                 cfg.wide_pair_veto)
         return z
 
     def _take(self, name: str, idx: np.ndarray) -> np.ndarray:

@@ -20,6 +20,7 @@ from .wide import (
     MAX_STRUCTURED,
     PAIR_KEYS,
     pair_logit,
+    veto_combine,
     wide_feature_keys,
     wide_logit_host,
     wide_table,
@@ -133,7 +134,7 @@ class Model:
         keys = wide_feature_keys(sources, "wide.pair_call" in P)
         return wide_logit_host(take, {k: np.asarray(self.ops.to_numpy(sources[k]))
                                       for k in keys}, self.cfg.wide_scale,
-                               self.cfg.wide_pair_pool)
+                               self.cfg.wide_pair_pool, self.cfg.wide_pair_veto)
 
     def decay_mask(self) -> np.ndarray:
         return decay_mask(self.layout)
@@ -170,8 +171,9 @@ class Model:
         returns (z, pooled, pool denominators, the pair term's sides or None).
 
         Each pool is a masked mean over its segment (an empty history pools to zeros).
-        The wide logit is wide_scale * (sum_k val_k w[idx_k] over hashed n-grams + the call
-        x history pair term `pair_logit`)."""
+        The wide logit is wide_scale * `veto_combine`(sum_k val_k w[idx_k] over hashed
+        n-grams and the structured features, the call x history pair term `pair_logit`):
+        their sum, or with `wide_pair_veto` the history as a veto."""
         ops, xp, P = self.ops, self.ops.xp, self.params
         p_call, d_call = ops.mean_pool(enc, call_mask)
         p_hist, d_hist = ops.mean_pool(enc, hist_mask)
@@ -185,7 +187,9 @@ class Model:
                 z_pair, u, v_eff, hw = pair_logit(P["wide.pair_call"][c_idx], c_val,
                                                   P["wide.pair_hist"][h_idx], h_val,
                                                   self.cfg.wide_pair_pool, xp, h_grp)
-                z_wide, sides = z_wide + z_pair, (u, v_eff, hw)
+                z_wide, d_lin, d_pair = veto_combine(z_wide, z_pair,
+                                                     self.cfg.wide_pair_veto, xp)
+                sides = (u, v_eff, hw, d_lin, d_pair)
             z = z + self.cfg.wide_scale * z_wide
         return z, pooled, (d_call, d_hist), sides
 
@@ -311,20 +315,23 @@ class Model:
 
         if not accumulate:
             self.grad_flat[...] = 0
-        # Wide path: dL/dw[idx_k] += wide_scale * dz * val_k (a scatter-add, exact); the
-        # pair term: dL/dU[c_k] += wide_scale * dz * cv_k * v_eff, dL/dV[h_k] += wide_scale
-        # * dz * hw_k * u (`pair_logit`: with a sum, v_eff = v and hw = the keys' values).
+        # Wide path: dL/dw[idx_k] += wide_scale * dz * d_lin * val_k (a scatter-add, exact);
+        # the pair term: dL/dU[c_k] += wide_scale * dz * d_pair * cv_k * v_eff, dL/dV[h_k]
+        # += wide_scale * dz * d_pair * hw_k * u (`pair_logit`: with a sum, v_eff = v and hw =
+        # the keys' values; `veto_combine`: d_lin = d_pair = 1 for the sum).
         if wide is not None:
             dzs = self.cfg.wide_scale * dz
-            ops.embedding_bwd(G["wide.w"].reshape(-1, 1), wide["wide_idx"],
-                              (dzs[:, None] * wide["wide_val"])[:, :, None])
             if sides is not None:
-                u, v_eff, hw = sides
+                u, v_eff, hw, d_lin, d_pair = sides
+                dzp = dzs * d_pair
                 for name, side, coef, other in (
                         ("wide.pair_call", "pc", wide["wide_pc_val"], v_eff),
                         ("wide.pair_hist", "ph", hw, u)):
                     ops.embedding_bwd(G[name], wide[f"wide_{side}_idx"],
-                                      (dzs[:, None] * coef)[:, :, None] * other[:, None, :])
+                                      (dzp[:, None] * coef)[:, :, None] * other[:, None, :])
+                dzs = dzs * d_lin
+            ops.embedding_bwd(G["wide.w"].reshape(-1, 1), wide["wide_idx"],
+                              (dzs[:, None] * wide["wide_val"])[:, :, None])
         # Gate head and the two mean-pools -> d enc.
         d = cfg.d_model
         dpooled = L.linear_bwd(dz[:, None], pooled, P["gate.w"], G["gate.w"], G["gate.b"])

@@ -286,23 +286,51 @@ def pair_logit(call_rows, call_val, hist_rows, hist_val, pool: float = 0.0, xp=n
     return z, u, (hw[:, :, None] * hist_rows).sum(axis=1), hw
 
 
+def veto_combine(z_lin, z_pair, veto: float, xp=np):
+    """The wide logit from its linear part and its pair term, with the history as a veto.
+
+    `veto` = 0: z = z_lin + z_pair, the sum (dz/dz_lin = dz/dz_pair = 1).
+    `veto` = c > 0: the noisy-OR of two reasons to block,
+    sigmoid(z) = sigmoid(a) sigmoid(b), a = z_lin (the call judged on its own), b = c +
+    z_pair (its history: c is how sure an unremarkable history is of "allow"), so
+    z = log sigmoid(a) + log sigmoid(b) - log(1 - sigmoid(a) sigmoid(b)),
+    dz/da = sigmoid(-a) / (1 - q) and dz/db = sigmoid(-b) / (1 - q), q = sigmoid(a)
+    sigmoid(b). Why (docs/learning.md, "The history as a veto"): with a sum, a block the
+    history explains also pulls down the call's own logit, which the next allowed call of
+    the same kind pushes back up, so the level both history twins are judged at swings;
+    under the noisy-OR an allowed call teaches each factor "allow" on its own, and a block
+    goes to the factor least sure of "allow" (explaining away).
+    Returns (z, dz/dz_lin, dz/dz_pair), computed in log space (stable for any logits)."""
+    if not veto:
+        one = xp.ones_like(z_lin)
+        return z_lin + z_pair, one, one
+    a, b = z_lin, veto + z_pair
+    log_q = -(xp.logaddexp(0.0, -a) + xp.logaddexp(0.0, -b))  # log sigmoid(a) sigmoid(b)
+    log_q = xp.minimum(log_q, -np.finfo(np.float64).tiny)  # q < 1: 1 - q > 0
+    log_1mq = xp.log(-xp.expm1(log_q))
+    return (log_q - log_1mq, xp.exp(-xp.logaddexp(0.0, a) - log_1mq),
+            xp.exp(-xp.logaddexp(0.0, b) - log_1mq))
+
+
 def wide_table(params: dict, name: str):
     """The wide table `name` as rows to gather: ``wide.w`` is stored [1, buckets] (one
     logit's weights), the pair term's tables [buckets, rank]."""
     return params[name][0] if name == "wide.w" else params[name]
 
 
-def wide_logit_host(take, feats: dict, scale: float, pool: float = 0.0) -> np.ndarray:
-    """The wide path's logit [B] in float64 on the host: scale * (sum_k val_k w[idx_k] +
-    pair_logit, pooled by `pool`). `take(name, idx)` returns the rows of the wide table
-    `name` at `idx` as host float64 (the model gathers on its backend and copies only
-    those; the inference plan reads its own copies), `feats` the batch's wide features as
-    host arrays."""
+def wide_logit_host(take, feats: dict, scale: float, pool: float = 0.0,
+                    veto: float = 0.0) -> np.ndarray:
+    """The wide path's logit [B] in float64 on the host: scale * `veto_combine`(sum_k
+    val_k w[idx_k], pair_logit pooled by `pool`, `veto`). `take(name, idx)` returns the
+    rows of the wide table `name` at `idx` as host float64 (the model gathers on its
+    backend and copies only those; the inference plan reads its own copies), `feats` the
+    batch's wide features as host arrays."""
     z = (take("wide.w", feats["wide_idx"]) * feats["wide_val"]).sum(axis=1)
     if PAIR_KEYS[0] in feats:
         c_idx, c_val, h_idx, h_val, h_grp = (feats[k] for k in PAIR_KEYS)
-        z = z + pair_logit(take("wide.pair_call", c_idx), c_val,
-                           take("wide.pair_hist", h_idx), h_val, pool, np, h_grp)[0]
+        z = veto_combine(z, pair_logit(take("wide.pair_call", c_idx), c_val,
+                                       take("wide.pair_hist", h_idx), h_val, pool, np,
+                                       h_grp)[0], veto)[0]
     return scale * z
 
 
@@ -324,12 +352,13 @@ class WideAdaGrad:
     For a signal with sparse features (idx, val), pair features (c, cv, h, hv, entry), the rest
     of the gate's logit `z_rest` (the transformer's, held fixed), label y and weight w_i:
 
-        z = z_rest + scale * (sum_k val_k W[idx_k] + z_pair),
+        z = z_rest + scale * z_wide, z_wide, d_lin, d_pair = veto_combine(sum_k val_k
+            W[idx_k], z_pair, veto) (the sum when veto = 0: d_lin = d_pair = 1),
             z_pair, u, v_eff, hw = pair_logit(U[c], cv, V[h], hv, pool, hist_grp=entry)
         dz = w_i (sigmoid(z) - y)
-        dL/dW[j] = dz * scale * sum_{k: idx_k = j} val_k  (+ l2 W[j])
-        dL/dU[c] = dz * scale * cv_c v_eff (+ l2 U[c]);  dL/dV[h] = dz * scale * hw_h u
-        (+ l2 V[h]); with pool 0, v_eff = v = sum_k hv_k V[h_k] and hw = hv
+        dL/dW[j] = dz * scale * d_lin * sum_{k: idx_k = j} val_k  (+ l2 W[j])
+        dL/dU[c] = dz * scale * d_pair * cv_c v_eff (+ l2 U[c]);  dL/dV[h] = dz * scale *
+        d_pair * hw_h u (+ l2 V[h]); with pool 0, v_eff = v = sum_k hv_k V[h_k], hw = hv
         G += g^2;   theta -= lr g / (sqrt(G) + eps)     (per coordinate; `pair_lr` for U, V)
 
     The weights and the sums are views (the wide slots of the model's flat buffer and of
@@ -338,12 +367,16 @@ class WideAdaGrad:
 
     def __init__(self, weights, accum, *, scale: float, lr: float = 0.5, l2: float = 1e-5,
                  eps: float = 1e-8, xp=np, pair=None, pair_lr: float = 0.1,
-                 pool: float = 0.0) -> None:
+                 pool: float = 0.0, veto: float = 0.0, pair_l2: float | None = None) -> None:
         self.w, self.g2, self.scale, self.xp = weights, accum, scale, xp
         self.lr, self.l2, self.eps = lr, l2, eps
+        #: the pair tables' own L2 (None: `l2`)
+        self.pair_l2 = pair_l2
         #: (U, sums of U, V, sums of V) of the call x history pair term, or None; its
         #: history keys pooled by `pool` (`pair_logit`)
         self.pair, self.pair_lr, self.pool = pair, pair_lr, pool
+        #: the pair term combined with the linear logit as a veto (`veto_combine`), or summed
+        self.veto = veto
 
     @classmethod
     def for_model(cls, model, accum_flat, **kw) -> WideAdaGrad:
@@ -355,7 +388,8 @@ class WideAdaGrad:
             pair = (model.params["wide.pair_call"], acc["wide.pair_call"],
                     model.params["wide.pair_hist"], acc["wide.pair_hist"])
         return cls(model.params["wide.w"][0], acc["wide.w"][0], scale=model.cfg.wide_scale,
-                   xp=model.ops.xp, pair=pair, pool=model.cfg.wide_pair_pool, **kw)
+                   xp=model.ops.xp, pair=pair, pool=model.cfg.wide_pair_pool,
+                   veto=model.cfg.wide_pair_veto if pair is not None else 0.0, **kw)
 
     def gradient(self, idx: np.ndarray, val: np.ndarray, z_rest: float, label: float,
                  weight: float, pair=None) -> tuple[np.ndarray, np.ndarray, float]:
@@ -419,16 +453,19 @@ class WideAdaGrad:
             else:  # a side without keys: no term (its rows' gradient is the L2 alone)
                 rank = c_now.shape[1]
                 u, v_eff, hw = np.zeros((1, rank)), np.zeros((1, rank)), np.zeros((1, len(h_val)))
-        z = z_rest + self.scale * (z_lin + z_pair)
+        z_wide, d_lin, d_pair = (float(t) for t in veto_combine(
+            np.float64(z_lin), np.float64(z_pair), self.veto if sides else 0.0))
+        z = z_rest + self.scale * z_wide
         dz = weight * (0.5 * (1.0 + np.tanh(0.5 * z)) - label)
         out = {"idx": idx, "d_idx": d_idx, "w_now": w_now, "z": z,
-               "g": self.scale * dz * val + self.l2 * w_now, "pair": []}
+               "g": self.scale * dz * d_lin * val + self.l2 * w_now, "pair": []}
         if sides:
             # per key: dz_pair/dU[c_k] = cv_k v_eff, dz_pair/dV[h_k] = hw_k u; summed per row
             for (uniq, inv, _, now), coef, other in ((sides[0], c_val, v_eff[0]),
                                                       (sides[1], hw[0], u[0])):
                 per_row = np.bincount(inv, weights=coef, minlength=len(uniq))
-                g = self.scale * dz * per_row[:, None] * other[None, :] + self.l2 * now
+                g = (self.scale * dz * d_pair * per_row[:, None] * other[None, :]
+                     + (self.l2 if self.pair_l2 is None else self.pair_l2) * now)
                 out["pair"].append((uniq, g, now))
         return out
 
