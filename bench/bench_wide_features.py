@@ -40,6 +40,10 @@ read in the window -- and their allow twins apart).
     .venv/bin/python bench/bench_wide_features.py --seeds 0 1 2 3 4 5 --signals 5500 \
         --switch-at 4000 --grid 0.3,0.3,1e-3,8,0.1,0.5,1,0.5,0.1 \
         0.3,0.3,3e-3,8,0.1,0.5,1,0.3,0.3                   # the wide path's rate (not kept)
+    .venv/bin/python bench/bench_wide_features.py --seeds 0 1 2 3 4 5 --signals 5500 \
+        --switch-at 4000 --grid 0.3,0.3,1e-3,8,0.1,0.5,1,0.5,0.1,0 \
+        0.3,0.3,1e-3,8,0.1,0.5,1,0.5,0.1,2 \
+        0.3,0.3,1e-3,8,0.1,0.5,1,0.5,0.1,0,1e-2   # the veto, the pair L2 (not kept)
 """
 
 from __future__ import annotations
