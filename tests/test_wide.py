@@ -409,6 +409,8 @@ def test_veto_combine_is_the_sum_without_a_veto_and_stable_with_one():
     assert z[3] == pytest.approx(40.0, abs=1e-3)  # the smaller, 40 (+3 + 45 barely counts)
     assert z[5] == pytest.approx(-800.0 - np.log1p(np.exp(-3.0)))  # + log sigmoid(3)
     assert np.all((da >= 0) & (da <= 1 + 1e-12)) and np.all((dp >= 0) & (dp <= 1 + 1e-12))
+    z32, da32, dp32 = veto_combine(a.astype(np.float32), p.astype(np.float32), 3.0)
+    assert z32.dtype == np.float32 and all(np.all(np.isfinite(t)) for t in (z32, da32, dp32))
 
 
 def test_the_soft_minimum_follows_the_key_that_speaks_for_block():

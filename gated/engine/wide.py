@@ -306,7 +306,7 @@ def veto_combine(z_lin, z_pair, veto: float, xp=np):
         return z_lin + z_pair, one, one
     a, b = z_lin, veto + z_pair
     log_q = -(xp.logaddexp(0.0, -a) + xp.logaddexp(0.0, -b))  # log sigmoid(a) sigmoid(b)
-    log_q = xp.minimum(log_q, -np.finfo(np.float64).tiny)  # q < 1: 1 - q > 0
+    log_q = xp.minimum(log_q, -np.finfo(log_q.dtype).tiny)  # q < 1: 1 - q > 0 (any dtype)
     log_1mq = xp.log(-xp.expm1(log_q))
     return (log_q - log_1mq, xp.exp(-xp.logaddexp(0.0, a) - log_1mq),
             xp.exp(-xp.logaddexp(0.0, b) - log_1mq))
