@@ -62,7 +62,8 @@ from anchor import HashedNgramLR, anchor_text, label_weight  # noqa: E402
 from gated.engine.config import ModelConfig  # noqa: E402
 from gated.engine.model import Model  # noqa: E402
 from gated.engine.tokenizer import source_batch  # noqa: E402
-from gated.engine.wide import PAIR_KEYS, WideAdaGrad  # noqa: E402
+from gated.engine.wide import PAIR_KEYS  # noqa: E402
+from gated.engine.wide_learner import WideAdaGrad  # noqa: E402
 from gated.traffic import GatewayTraffic  # noqa: E402
 
 CHECK = 500

@@ -35,7 +35,8 @@ from anchor import label_weight  # noqa: E402
 
 from gated.engine.config import ModelConfig  # noqa: E402
 from gated.engine.tokenizer import SEP, encode_source  # noqa: E402
-from gated.engine.wide import WideAdaGrad, wide_features  # noqa: E402
+from gated.engine.wide import wide_features  # noqa: E402
+from gated.engine.wide_learner import WideAdaGrad  # noqa: E402
 from gated.traffic import GatewayTraffic  # noqa: E402
 
 CFG = ModelConfig.preset("flint")

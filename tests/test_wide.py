@@ -19,13 +19,13 @@ from gated.engine.wide import (
     BIAS_BUCKET,
     MAX_STRUCTURED,
     PAIR_KEYS,
-    WideAdaGrad,
     pair_logit,
     structured_features,
     value_shape,
     veto_combine,
     wide_features,
 )
+from gated.engine.wide_learner import WideAdaGrad
 from gated.store import Store
 
 
@@ -321,7 +321,7 @@ def _pair_reference(u_tab, v_tab, pair, pool: float) -> float:
 @pytest.mark.parametrize(("pool", "entries"), [(0.0, None), (0.5, None), (0.05, None),
                                               (0.5, [0, 0, 1, 1, 2]), (0.05, [0, 1, 0, 0, 1])])
 def test_pair_gradient_matches_central_differences(pool: float, entries: list | None):
-    """The pair term's share of one signal's loss (engine/wide.py `WideAdaGrad`): dL/dU and
+    """The pair term's share of one signal's loss (engine/wide_learner.py `WideAdaGrad`): dL/dU and
     dL/dV at the touched rows, with repeated ids, against central differences (float64),
     for the summed history keys and the soft minimum (a sharp one too), over the keys or
     over history entries of several keys (a row in two entries)."""

@@ -40,8 +40,8 @@ class ModelConfig:
     wide_buckets: int = 1 << 18
     wide_ngram: int = 4
     #: z_wide = wide_scale * <w, x> with x L2-normalised per segment (plus a bias feature).
-    #: The wide weights are trained by their own AdaGrad (engine/wide.py), whose steps do
-    #: not depend on this scale's size, so 1 keeps the weights in logit units.
+    #: The wide weights are trained by their own AdaGrad (engine/wide_learner.py), whose
+    #: steps do not depend on this scale's size, so 1 keeps the weights in logit units.
     wide_scale: float = 1.0
     #: The history segment's n-gram values are multiplied by this (sweep in
     #: bench/anchor.py: 0.25 is best for a linear model; the transformer reads all of it).

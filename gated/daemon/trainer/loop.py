@@ -26,7 +26,8 @@ import numpy as np
 
 from ...config import TrainConfig
 from ...engine import EWC, AdamW, Model, build_batch, source_batch, train_step
-from ...engine.wide import PAIR_KEYS, WideAdaGrad
+from ...engine.wide import PAIR_KEYS
+from ...engine.wide_learner import WideAdaGrad
 from ...online import AlignmentWindow
 from ...online.monitor import Monitor, MonitorSettings
 from ...online.per_tool import tool_of

@@ -1,0 +1,161 @@
+"""The wide path's own optimiser: online AdaGrad on its weights, one signal at a time.
+
+Why not AdamW with the transformer (docs/learning.md, "The wide path"): the wide half of
+Wide & Deep must learn from the first signals on, as the anchor does, so every fresh
+signal steps it as it is read, by AdaGrad per bucket, with the transformer's logit held
+fixed (block-coordinate descent on one loss). Its features and its logit are in wide.py;
+this learner computes the same logit (the pair term pooled alike, `veto_combine` alike),
+so what it trains is what serves.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .layout import views
+from .wide import pair_logit, veto_combine
+
+
+class WideAdaGrad:
+    """Online AdaGrad on the wide path's weights, one signal at a time.
+
+    For a signal with sparse features (idx, val), pair features (c, cv, h, hv, entry), the rest
+    of the gate's logit `z_rest` (the transformer's, held fixed), label y and weight w_i:
+
+        z = z_rest + scale * z_wide, z_wide, d_lin, d_pair = veto_combine(sum_k val_k
+            W[idx_k], z_pair, veto) (the sum when veto = 0: d_lin = d_pair = 1),
+            z_pair, u, v_eff, hw = pair_logit(U[c], cv, V[h], hv, pool, hist_grp=entry)
+        dz = w_i (sigmoid(z) - y)
+        dL/dW[j] = dz * scale * d_lin * sum_{k: idx_k = j} val_k  (+ l2 W[j])
+        dL/dU[c] = dz * scale * d_pair * cv_c v_eff (+ l2 U[c]);  dL/dV[h] = dz * scale *
+        d_pair * hw_h u (+ l2 V[h]); with pool 0, v_eff = v = sum_k hv_k V[h_k], hw = hv
+        G += g^2;   theta -= lr g / (sqrt(G) + eps)     (per coordinate; `pair_lr` for U, V)
+
+    The weights and the sums are views (the wide slots of the model's flat buffer and of
+    AdamW's `v`, which AdamW leaves alone, `for_model`), so a checkpoint carries both.
+    """
+
+    def __init__(self, weights, accum, *, scale: float, lr: float = 0.5, l2: float = 1e-5,
+                 eps: float = 1e-8, xp=np, pair=None, pair_lr: float = 0.1,
+                 pool: float = 0.0, veto: float = 0.0, pair_l2: float | None = None) -> None:
+        self.w, self.g2, self.scale, self.xp = weights, accum, scale, xp
+        self.lr, self.l2, self.eps = lr, l2, eps
+        #: the pair tables' own L2 (None: `l2`)
+        self.pair_l2 = pair_l2
+        #: (U, sums of U, V, sums of V) of the call x history pair term, or None; its
+        #: history keys pooled by `pool` (`pair_logit`)
+        self.pair, self.pair_lr, self.pool = pair, pair_lr, pool
+        #: the pair term combined with the linear logit as a veto (`veto_combine`), or summed
+        self.veto = veto
+
+    @classmethod
+    def for_model(cls, model, accum_flat, **kw) -> WideAdaGrad:
+        """The wide path's optimiser over `model`'s wide slots, its sums in the same slots
+        of `accum_flat` (AdamW's `v`: a flat buffer with the model's layout)."""
+        acc = views(accum_flat, model.layout)
+        pair = None
+        if "wide.pair_call" in acc:
+            pair = (model.params["wide.pair_call"], acc["wide.pair_call"],
+                    model.params["wide.pair_hist"], acc["wide.pair_hist"])
+        return cls(model.params["wide.w"][0], acc["wide.w"][0], scale=model.cfg.wide_scale,
+                   xp=model.ops.xp, pair=pair, pool=model.cfg.wide_pair_pool,
+                   veto=model.cfg.wide_pair_veto if pair is not None else 0.0, **kw)
+
+    def gradient(self, idx: np.ndarray, val: np.ndarray, z_rest: float, label: float,
+                 weight: float, pair=None) -> tuple[np.ndarray, np.ndarray, float]:
+        """(unique buckets, dL/dW at them, logit z) of one signal's weighted BCE
+        L = weight * (max(z, 0) - z y + log(1 + exp(-|z|))) (+ l2/2 ||W_touched||^2)."""
+        st = self._gradient(idx, val, z_rest, label, weight, pair)
+        return st["idx"], st["g"], st["z"]
+
+    def pair_gradient(self, idx, val, z_rest: float, label: float, weight: float, pair
+                      ) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+        """((call rows, dL/dU at them [n, rank]), (history rows, dL/dV at them)) of the
+        same loss as `gradient` (+ l2/2 of the touched rows)."""
+        st = self._gradient(idx, val, z_rest, label, weight, pair)
+        return st["pair"][0][:2], st["pair"][1][:2]
+
+    def learn(self, idx: np.ndarray, val: np.ndarray, z_rest: float, label: float,
+              weight: float, pair=None) -> float:
+        """One AdaGrad update from one signal; returns its logit before the update."""
+        st = self._gradient(idx, val, z_rest, label, weight, pair)
+        self._step(self.w, self.g2, st["d_idx"], st["w_now"], st["g"], self.lr)
+        if st["pair"]:  # only when the learner has a pair term and the signal its features
+            for (rows, g, now), table, sums in zip(st["pair"], self.pair[0::2], self.pair[1::2],
+                                                   strict=True):
+                if len(rows):
+                    self._step(table, sums, self.xp.asarray(rows), now, g, self.pair_lr)
+        return st["z"]
+
+    def _step(self, table, sums, d_idx, now, g, lr) -> None:
+        g2 = self._host(sums[d_idx]).astype(np.float64) + g * g
+        sums[d_idx] = self.xp.asarray(g2, dtype=sums.dtype)
+        table[d_idx] = self.xp.asarray(now - lr * g / (np.sqrt(g2) + self.eps),
+                                       dtype=table.dtype)
+
+    def _gradient(self, idx, val, z_rest, label, weight, pair) -> dict:
+        """Everything an update needs, each touched weight read once (host, float64): the
+        unique buckets, their weights and gradient, the logit, and per pair side
+        (unique rows, gradient, rows now). The pair term is computed by `pair_logit` over
+        the signal's keys as the model sees them (a bucket two keys share counts twice,
+        as in the model's forward), its gradient then summed per unique row."""
+        idx, val = _unique_sum(idx, val)
+        d_idx = self.xp.asarray(idx)
+        w_now = self._host(self.w[d_idx]).astype(np.float64)
+        z_lin = float(w_now @ val)
+        sides, z_pair = [], 0.0
+        if self.pair is not None and pair is not None:
+            for table, (rows, vals) in ((self.pair[0], pair[:2]), (self.pair[2], pair[2:4])):
+                rows, vals = np.asarray(rows), np.asarray(vals, np.float64)
+                keep = vals != 0  # padding
+                rows, vals = rows[keep], vals[keep]
+                uniq, inv = np.unique(rows, return_inverse=True)
+                now = self._host(table[self.xp.asarray(uniq)]).astype(np.float64)
+                sides.append((uniq, inv, vals, now))
+            (_, c_inv, c_val, c_now), (_, h_inv, h_val, h_now) = sides
+            # each kept history key's entry (`keep` is the history side's, from the loop)
+            h_grp = np.asarray(pair[4])[keep] if len(pair) > 4 else np.arange(len(h_val))
+            if len(c_val) and len(h_val):
+                zp, u, v_eff, hw = pair_logit(c_now[c_inv][None], c_val[None],
+                                              h_now[h_inv][None], h_val[None], self.pool,
+                                              np, h_grp[None])
+                z_pair = float(zp[0])
+            else:  # a side without keys: no term (its rows' gradient is the L2 alone)
+                rank = c_now.shape[1]
+                u, v_eff, hw = np.zeros((1, rank)), np.zeros((1, rank)), np.zeros((1, len(h_val)))
+        z_wide, d_lin, d_pair = (float(t) for t in veto_combine(
+            np.float64(z_lin), np.float64(z_pair), self.veto if sides else 0.0))
+        z = z_rest + self.scale * z_wide
+        dz = weight * (0.5 * (1.0 + np.tanh(0.5 * z)) - label)
+        out = {"idx": idx, "d_idx": d_idx, "w_now": w_now, "z": z,
+               "g": self.scale * dz * d_lin * val + self.l2 * w_now, "pair": []}
+        if sides:
+            # per key: dz_pair/dU[c_k] = cv_k v_eff, dz_pair/dV[h_k] = hw_k u; summed per row
+            for (uniq, inv, _, now), coef, other in ((sides[0], c_val, v_eff[0]),
+                                                      (sides[1], hw[0], u[0])):
+                per_row = np.bincount(inv, weights=coef, minlength=len(uniq))
+                g = (self.scale * dz * d_pair * per_row[:, None] * other[None, :]
+                     + (self.l2 if self.pair_l2 is None else self.pair_l2) * now)
+                out["pair"].append((uniq, g, now))
+        return out
+
+    @staticmethod
+    def _host(a) -> np.ndarray:
+        return a.get() if hasattr(a, "get") else np.asarray(a)
+
+    def relax(self, factor: float) -> None:
+        """Scale the squared-gradient sums by `factor` (0 = forget them): after a policy
+        change AdaGrad's steps have shrunk with everything it has seen; relaxing them
+        lets the wide path move as fast as at the start."""
+        self.g2 *= factor
+        if self.pair is not None:
+            self.pair[1][...] *= factor
+            self.pair[3][...] *= factor
+
+
+def _unique_sum(idx, val) -> tuple[np.ndarray, np.ndarray]:
+    """(unique ids, summed values) of sparse (ids, values), zero values (padding) dropped."""
+    val = np.asarray(val, np.float64)
+    keep = val != 0
+    idx, inv = np.unique(np.asarray(idx)[keep], return_inverse=True)
+    return idx, np.bincount(inv, weights=val[keep], minlength=len(idx))
