@@ -90,14 +90,19 @@ class TrainerSupervisor:
         proc = self._proc
         if proc is None:
             return None
-        proc.join(timeout)
-        if proc.is_alive():
+        # The supervising thread reaps the child (`_relay` joins it once its sentinel is
+        # ready), so wait for that thread, not for the process: two threads waiting on one
+        # child race for it, and the one that loses sees "no such child", which
+        # `is_alive` reports as still running -- a clean exit (systemd signals the
+        # trainer too, so it may exit first) was logged as a hang and killed.
+        self._thread.join(timeout)
+        if self._thread.is_alive():
             log.warning("the trainer did not stop within %.1fs; killing it (every "
                         "acknowledged signal is in the log; the next start re-trains what "
                         "came after its last checkpoint)", timeout)
+            proc = self._proc  # a restart may have been under way when the stop came
             proc.kill()
-            proc.join(5.0)
-        self._thread.join(2.0)
+            self._thread.join(5.0)
         return proc.exitcode
 
     # --- the supervising thread ----------------------------------------------------------
