@@ -76,7 +76,11 @@ class TrainerSupervisor:
         self._send(("resume",))
 
     def alive(self) -> bool:
-        return self._proc is not None and self._proc.is_alive()
+        """Whether the trainer process is running, read from its sentinel without reaping
+        it: `is_alive` would waitpid from the caller's thread (the status op, the metrics),
+        and the supervising thread must stay the child's only reaper (see `stop`)."""
+        proc = self._proc
+        return proc is not None and not wait([proc.sentinel], 0)
 
     @property
     def pid(self) -> int | None:
@@ -91,10 +95,11 @@ class TrainerSupervisor:
         if proc is None:
             return None
         # The supervising thread reaps the child (`_relay` joins it once its sentinel is
-        # ready), so wait for that thread, not for the process: two threads waiting on one
-        # child race for it, and the one that loses sees "no such child", which
-        # `is_alive` reports as still running -- a clean exit (systemd signals the
-        # trainer too, so it may exit first) was logged as a hang and killed.
+        # ready; `alive` only reads the sentinel), so wait for that thread, not for the
+        # process: two threads waiting on one child race for it, and the one that loses
+        # sees "no such child", which `is_alive` reports as still running -- a clean exit
+        # (systemd signals the trainer too, so it may exit first) was logged as a hang and
+        # killed.
         self._thread.join(timeout)
         if self._thread.is_alive():
             log.warning("the trainer did not stop within %.1fs; killing it (every "
