@@ -300,8 +300,7 @@ def veto_combine(z_lin, z_pair, veto: float, xp=np):
     goes to the factor least sure of "allow" (explaining away).
     Returns (z, dz/dz_lin, dz/dz_pair), computed in log space (stable for any logits)."""
     if not veto:
-        one = xp.ones_like(z_lin)
-        return z_lin + z_pair, one, one
+        return z_lin + z_pair, 1.0, 1.0  # the default: no derivative arrays to build
     a, b = z_lin, veto + z_pair
     log_q = -(xp.logaddexp(0.0, -a) + xp.logaddexp(0.0, -b))  # log sigmoid(a) sigmoid(b)
     log_q = xp.minimum(log_q, -np.finfo(log_q.dtype).tiny)  # q < 1: 1 - q > 0 (any dtype)
