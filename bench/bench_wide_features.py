@@ -76,7 +76,8 @@ DEFAULT_GRID = ["0,0,1e-5", "0,0,1e-3", "0.3,0,1e-5", "0.3,0,1e-3", "0,0.3,1e-3"
 def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: int,
            probes: int, points: tuple[int, ...], lag: int = 1, pair_rank: int = 0,
            pair_lr: float = 0.1, pool: float = 0.5, shapes: float = 0.0, lr: float = 0.5,
-           pair_init: float = 0.1, veto: float = 0.0, pair_l2: float = -1.0) -> dict:
+           pair_init: float = 0.1, veto: float = 0.0, pair_l2: float = -1.0,
+           known: float = 0.0) -> dict:
     """One setting's run; `lag` > 1 scores each signal with weights that have not yet
     learned the previous `lag` - 1 (updates applied in groups of `lag`), as the daemon's
     trainer scores a step's arrivals with the weights published before them. `pair_rank`
@@ -86,7 +87,8 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
     cfg = dataclasses.replace(ModelConfig.preset("flint"), wide_call_words=words,
                               wide_history_cross=cross, wide_pair_rank=pair_rank,
                               wide_pair_pool=pool, wide_call_shapes=shapes,
-                              wide_pair_init=pair_init, wide_pair_veto=veto)
+                              wide_pair_init=pair_init, wide_pair_veto=veto,
+                              wide_known_names=known)
 
     def feats(context: str, history: list[str] | None) -> tuple:
         b = source_batch([(context, history)], cfg)
@@ -137,7 +139,11 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
                          "allow_prec": np.mean(yu[zu >= 0]),
                          "history": np.mean((zh >= 0) == yh),
                          "history_block": np.mean(zh[~yh] < 0),
-                         "history_allow": np.mean(zh[yh] >= 0)}
+                         "history_allow": np.mean(zh[yh] >= 0),
+                         "typosquat": np.mean(zu[[e.category == "typosquat" for e in unseen]]
+                                              < 0),
+                         "wrong": [e for e, z, y in zip(unseen, zu, yu, strict=True)
+                                   if (z >= 0) != y]}
     g = np.array([np.mean(right_w[j - CHECK:j]) for j in range(CHECK, len(right_w) + 1, CHECK)])
     a = np.array([np.mean(right_a[j - CHECK:j]) for j in range(CHECK, len(right_a) + 1, CHECK)])
     return {"ahead": int(np.sum(g > a)), "checks": len(g), "mean": float(np.mean(g - a)),
@@ -147,7 +153,8 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--grid", nargs="+", default=DEFAULT_GRID,
-                    metavar="WORDS,CROSS,L2[,PAIR_RANK[,PAIR_LR[,POOL[,SHAPES[,LR[,INIT[,VETO[,PAIR_L2]]]]]]]]")
+                    metavar="WORDS,CROSS,L2[,PAIR_RANK[,PAIR_LR[,POOL[,SHAPES[,LR[,INIT[,VETO"
+                    "[,PAIR_L2[,KNOWN]]]]]]]]]")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--signals", type=int, default=12000)
     ap.add_argument("--switch-at", type=int, default=4000)
@@ -155,32 +162,36 @@ def main() -> None:
     ap.add_argument("--lag", type=int, default=1, help="signals scored before learning")
     a = ap.parse_args()
     points = (a.switch_at - 500, a.signals - 500)
-    print("| words | cross | l2 | pair rank, lr, pool | shapes | lr, init, veto, pair l2 | seed | "
+    print("| words | cross | l2 | pair rank, lr, pool | shapes | lr, init, veto, pair l2, known "
+          "| seed | "
           "ahead of anchor | "
           f"mean / worst / first diff | unseen @{points[0]} / @{points[1]} | block recall | "
-          "allow precision | history rule | its block members / allow twins right |")
+          "allow precision | history rule | its block members / allow twins right | "
+          "typosquats blocked |")
     print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- | --- "
-          "| --- | --- |")
+          "| --- | --- | --- |")
     for spec in a.grid:
         fields = [float(x) for x in spec.split(",")]
         words, cross, l2 = fields[:3]
-        defaults = (0, 0.1, 0.5, 0.0, 0.5, 0.1, 0.0, -1.0)  # rank, pair_lr, pool, shapes,
-        rank, pair_lr, pool, shapes, lr, init, veto, pair_l2 = (  # lr, init, veto, pair_l2
-            fields[3 + k] if len(fields) > 3 + k else d for k, d in enumerate(defaults))
+        defaults = (0, 0.1, 0.5, 0.0, 0.5, 0.1, 0.0, -1.0, 0.0)  # rank, pair_lr, pool, shapes,
+        rank, pair_lr, pool, shapes, lr, init, veto, pair_l2, known = (  # lr, init, veto,
+            fields[3 + k] if len(fields) > 3 + k else d  # pair_l2, known
+            for k, d in enumerate(defaults))
         rank = int(rank)
         for seed in a.seeds:
             r = replay(words, cross, l2, seed, a.signals, a.switch_at, a.probes, points, a.lag,
-                       rank, pair_lr, pool, shapes, lr, init, veto, pair_l2)
+                       rank, pair_lr, pool, shapes, lr, init, veto, pair_l2, known)
             p0, p1 = (r["at"][p] for p in points)
 
             def pair(k: str, p0=p0, p1=p1) -> str:
                 return f"{p0[k]:.3f} / {p1[k]:.3f}"
             print(f"| {words:g} | {cross:g} | {l2:g} | {rank}, {pair_lr:g}, {pool:g} | "
-                  f"{shapes:g} | {lr:g}, {init:g}, {veto:g}, {pair_l2:g} | {seed} | "
+                  f"{shapes:g} | {lr:g}, {init:g}, {veto:g}, {pair_l2:g}, {known:g} | {seed} | "
                   f"{r['ahead']}/{r['checks']} | "
                   f"{r['mean']:+.4f} / {r['worst']:+.3f} / {r['first']:+.3f} | {pair('unseen')} | "
                   f"{pair('recall')} | {pair('allow_prec')} | {pair('history')} | "
-                  f"{pair('history_block')} ; {pair('history_allow')} |", flush=True)
+                  f"{pair('history_block')} ; {pair('history_allow')} | {pair('typosquat')} |",
+                  flush=True)
 
 
 if __name__ == "__main__":

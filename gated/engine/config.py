@@ -56,6 +56,11 @@ class ModelConfig:
     #: digits -> ``0``), their total L2 norm this: what an unseen value shares with the
     #: learned ones (docs/learning.md, "Argument shapes").
     wide_call_shapes: float = 1.0
+    #: ... and, per argument, whether it names a well-known package or a token one edit
+    #: away from one (engine/known_names.py: what a typosquat of a package the gate never
+    #: saw has in common with the learned ones), their total L2 norm this (0 = none;
+    #: docs/learning.md, "Known names").
+    wide_known_names: float = 1.0
     #: The call x history pair term (engine/wide.py `pair_features`, `pair_logit`): rank of
     #: its two factor tables, each [wide_pair_buckets, rank]. 0 (or no wide path) = none.
     wide_pair_rank: int = 8
@@ -88,7 +93,7 @@ class ModelConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("wide_buckets", "max_history", "wide_history_scale", "wide_call_words",
-                     "wide_history_cross", "wide_call_shapes", "wide_pair_rank",
+                     "wide_history_cross", "wide_call_shapes", "wide_known_names", "wide_pair_rank",
                      "wide_pair_buckets", "wide_pair_init", "wide_pair_pool", "wide_pair_veto"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")

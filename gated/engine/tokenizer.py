@@ -151,11 +151,13 @@ def source_batch(items: Sequence[tuple[str, Sequence[str] | None]],
         feats = [wide_features(ids, seg, cfg.wide_ngram, cfg.wide_buckets,
                                cfg.wide_history_scale)
                  for ids, seg in encoded]
-        if cfg.wide_call_words or cfg.wide_history_cross or cfg.wide_call_shapes:
+        if (cfg.wide_call_words or cfg.wide_history_cross or cfg.wide_call_shapes
+                or cfg.wide_known_names):
             feats = [(np.concatenate([i, si]), np.concatenate([v, sv]))
                      for (i, v), (si, sv) in zip(feats, (
                          structured_features(c, h, cfg.wide_buckets, cfg.wide_call_words,
-                                             cfg.wide_history_cross, cfg.wide_call_shapes)
+                                             cfg.wide_history_cross, cfg.wide_call_shapes,
+                                             cfg.wide_known_names)
                          for c, h in items),
                          strict=True)]
         out["wide_idx"], out["wide_val"] = pad_features(feats)

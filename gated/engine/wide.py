@@ -33,6 +33,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from .known_names import PACKAGES
+
 _FNV_OFFSET = np.uint64(0xCBF29CE484222325)
 _FNV_PRIME = np.uint64(0x100000001B3)
 _MIX = np.uint64(0x9E3779B97F4A7C15)
@@ -122,8 +124,8 @@ def value_shape(text: str) -> str:
 
 
 def structured_features(context: str, history: Sequence[str] | None, buckets: int,
-                        word_scale: float, cross_scale: float, shape_scale: float = 0.0
-                        ) -> tuple[np.ndarray, np.ndarray]:
+                        word_scale: float, cross_scale: float, shape_scale: float = 0.0,
+                        known_scale: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """Features of the call's parsed arguments and of the call x its history: (idx, val).
 
     Why, beside the byte n-grams (measured, docs/learning.md "Structured wide features"):
@@ -144,6 +146,11 @@ def structured_features(context: str, history: Sequence[str] | None, buckets: in
       none of its words with the calls the gate learned from, but its shape with all of
       the project reads; without it the gate scored such calls by the tool's block rate
       (measured: docs/learning.md, "Argument shapes").
+    - **Known names** ``k|tool|key|known`` / ``k|tool|key|near``: an argument names a
+      well-known package, or a token one edit away from one that is not one itself
+      (known_names.py; value `known_scale` / sqrt(count)): a typosquat of a package the
+      gate never saw is otherwise just another unseen word (docs/learning.md, "Known
+      names").
     """
     out: list[tuple[int, float]] = []
     tool, args = _parse_call(context)
@@ -173,6 +180,16 @@ def structured_features(context: str, history: Sequence[str] | None, buckets: in
         if shapes:
             v = shape_scale / np.sqrt(len(shapes))
             out += [(_bucket(name, buckets), v) for name in shapes]
+    if known_scale > 0:
+        marks: dict[str, None] = {}
+        for key, value in list(args.items())[:SHAPE_TOKENS]:  # a hostile call: bounded
+            known, near = PACKAGES.classify(value if isinstance(value, str)
+                                            else json.dumps(value), SHAPE_TOKENS)
+            marks.update(dict.fromkeys([f"k|{tool}|{key}|known"] * known
+                                       + [f"k|{tool}|{key}|near"] * near))
+        if marks:
+            v = known_scale / np.sqrt(len(marks))
+            out += [(_bucket(name, buckets), v) for name in marks]
     if cross_scale > 0 and history:
         method = args.get("method")
         key = f"x|{tool}|{method if isinstance(method, str) else ''}#"

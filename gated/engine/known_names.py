@@ -1,0 +1,131 @@
+"""Well-known package names, and which argument tokens imitate one: the typosquat feature.
+
+A typosquat (``reqeusts``, ``lodahs``) is harmful only because it is one keystroke away
+from a package everybody installs; from its own bytes it is just another unseen name, and
+no learner can tell ``panadas`` from ``polars`` without knowing which names are the real
+ones (measured: docs/learning.md, "Known names"; 0 of 9-13 held-out typosquats were
+blocked without this). Registries and gateways judge a new name the same way: against a
+list of the most-installed packages. `KNOWN_PACKAGES` is such a list, written down from
+the public download rankings of PyPI and npm (not from the benchmark's stream); the gate
+still has to LEARN what a near miss means -- the feature only says "this token is a known
+name" or "this token is one edit away from a known name and is not one itself".
+
+A near miss is an optimal-string-alignment distance of exactly 1 (one insertion,
+deletion, substitution, or swap of two neighbours) on a token of at least NEAR_MIN_CHARS
+characters, found through a symmetric-delete index (every name and its one-character
+deletions), so a token costs a few dictionary lookups whatever the list's length.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+#: The most-installed packages of PyPI and npm (public download rankings, 2026), the
+#: names a typosquat imitates. Lower case; an npm scope is not part of the name.
+KNOWN_PACKAGES: frozenset[str] = frozenset("""
+aiobotocore aiohttp aiosignal alembic amqp annotated-types anyio arrow asgiref async-timeout
+attrs autopep8 awscli azure-core azure-identity azure-storage-blob babel bcrypt
+beautifulsoup4 billiard black bleach blinker boto boto3 botocore build cachetools celery
+certifi cffi chardet charset-normalizer click cloudpickle colorama coverage cryptography
+cycler cython dask decorator defusedxml deprecated dill distlib django djangorestframework
+docker docutils et-xmlfile exceptiongroup fastapi filelock flake8 flask fonttools
+frozenlist fsspec gitpython google-api-core google-auth google-cloud-storage
+googleapis-common-protos greenlet grpcio gunicorn h11 h5py httpcore httplib2 httpx
+huggingface-hub humanize idna imageio importlib-metadata iniconfig ipython isort
+itsdangerous jinja2 jmespath joblib jsonschema keras kiwisolver kombu langchain lxml
+llvmlite loguru mako markdown markupsafe marshmallow matplotlib mccabe mock more-itertools
+mpmath msgpack multidict mypy mypy-extensions networkx nltk notebook numba numpy oauthlib
+openai openpyxl opencv-python orjson packaging pandas paramiko pathspec pendulum pexpect
+pillow pip platformdirs plotly pluggy poetry polars prometheus-client prompt-toolkit
+protobuf psutil psycopg2 psycopg2-binary ptyprocess pyarrow pyasn1 pycodestyle pycparser
+pydantic pydantic-core pyflakes pygments pyjwt pylint pymysql pynacl pyopenssl pyparsing
+pytest pytest-cov python-dateutil python-dotenv pytz pyyaml pyzmq redis regex requests
+requests-oauthlib rich rsa ruff s3fs s3transfer safetensors scikit-learn scipy scrapy
+seaborn selenium sentry-sdk setuptools simplejson six sniffio soupsieve sqlalchemy sqlparse
+starlette streamlit structlog sympy tabulate tenacity tensorflow threadpoolctl tiktoken
+tokenizers toml tomli tomlkit torch tornado tox tqdm traitlets transformers twine typer
+typing-extensions tzdata ujson urllib3 uvicorn virtualenv websocket-client websockets
+werkzeug wheel wrapt xarray yarl zipp
+ajv angular apollo-server async autoprefixer aws-sdk axios babel-loader bluebird body-parser
+boxen bunyan canvas chai chalk chart.js cheerio chokidar classnames commander compression
+concurrently cookie-parser core-js cors cross-env cross-spawn cypress d3 date-fns dayjs
+debug dotenv ejs electron esbuild eslint execa express express-session fastify figlet
+firebase formidable fs-extra glob graphql handlebars helmet highlight.js http-proxy-middleware
+husky immer inquirer ioredis jest jquery jsonwebtoken koa lerna lint-staged lodash luxon
+marked micromatch minimatch minimist mkdirp mocha moment mongoose morgan multer mysql2
+nanoid next node-fetch node-gyp nodemailer nodemon npm-run-all ora passport pino playwright
+postcss prettier prop-types pug puppeteer qs react react-dom react-redux react-router
+redux regenerator-runtime request rimraf rollup rxjs sass semver sequelize sharp shelljs
+sinon socket.io socket.io-client styled-components stripe supertest tailwindcss three
+ts-node tslib tsx turbo twilio typescript underscore uuid vite vitest vue webpack winston
+ws yargs yup zod zustand
+""".split())
+
+#: A near miss is looked for on tokens (and names) of at least this many characters: one
+#: edit away from a four-letter name is half the dictionary (``mock`` / ``lock``).
+NEAR_MIN_CHARS = 5
+#: A package-name-like token, after a version pin (``==1.2``, ``@^3.0``, ``>=2``) is cut.
+_TOKEN = re.compile(r"[a-z0-9][a-z0-9._-]*[a-z0-9]")
+_PIN = re.compile(r"(==|>=|<=|~=|!=|@(?=[\^~\d])|\[).*$")
+
+
+def _deletions(word: str) -> set[str]:
+    return {word[:i] + word[i + 1:] for i in range(len(word))}
+
+
+def _osa_one(a: str, b: str) -> bool:
+    """Whether a and b (a != b) are one insertion, deletion, substitution or neighbour swap
+    apart (optimal string alignment distance 1)."""
+    if abs(len(a) - len(b)) > 1:
+        return False
+    if len(a) > len(b):
+        a, b = b, a
+    i = 0
+    while i < len(a) and a[i] == b[i]:
+        i += 1
+    if len(a) < len(b):  # one insertion into a at i
+        return a[i:] == b[i + 1:]
+    if a[i + 1:] == b[i + 1:]:  # one substitution at i
+        return True
+    return a[i] == b[i + 1] and a[i + 1] == b[i] and a[i + 2:] == b[i + 2:]  # one swap
+
+
+class NameIndex:
+    """Exact and near-miss lookups of tokens against a list of known names."""
+
+    def __init__(self, names: Iterable[str]) -> None:
+        self.names = frozenset(n.lower() for n in names)
+        self._by_deletion: dict[str, set[str]] = {}
+        for name in self.names:
+            if len(name) >= NEAR_MIN_CHARS:
+                for key in _deletions(name) | {name}:
+                    self._by_deletion.setdefault(key, set()).add(name)
+
+    def near(self, token: str) -> str | None:
+        """The known name `token` imitates (one edit away, not itself known), or None."""
+        if token in self.names or len(token) < NEAR_MIN_CHARS:
+            return None
+        candidates: set[str] = set()
+        for key in _deletions(token) | {token}:
+            candidates |= self._by_deletion.get(key, set())
+        hits = sorted(c for c in candidates if _osa_one(token, c))
+        return hits[0] if hits else None
+
+    def classify(self, text: str, max_tokens: int = 32) -> tuple[bool, bool]:
+        """(a known name is among `text`'s tokens, a near miss of one is), over at most
+        `max_tokens` whitespace-separated tokens, version pins cut."""
+        known = near = False
+        for raw in text.lower().split(maxsplit=max_tokens)[:max_tokens]:
+            m = _TOKEN.fullmatch(_PIN.sub("", raw))
+            if m is None:
+                continue
+            token = m.group()
+            if token in self.names:
+                known = True
+            elif self.near(token) is not None:
+                near = True
+        return known, near
+
+
+PACKAGES = NameIndex(KNOWN_PACKAGES)

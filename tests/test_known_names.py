@@ -1,0 +1,107 @@
+"""The known-package-name marks: exact names, near misses, and the wide features they add."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+
+from gated.engine.config import ModelConfig
+from gated.engine.known_names import KNOWN_PACKAGES, NEAR_MIN_CHARS, NameIndex, _osa_one
+from gated.engine.tokenizer import source_batch
+from gated.engine.wide import _bucket, structured_features
+from gated.traffic import POOLS
+
+
+def _call(tool: str, **args: object) -> str:
+    return f"{tool} {json.dumps(args)}"
+
+
+def test_one_edit_is_insertion_deletion_substitution_or_neighbour_swap() -> None:
+    assert _osa_one("requests", "reqeusts")  # swap
+    assert _osa_one("colorama", "colourama")  # insertion
+    assert _osa_one("urllib3", "urlib3")  # deletion
+    assert _osa_one("django", "djanga")  # substitution
+    assert _osa_one("django", "dajngo")  # neighbours swapped
+    assert not _osa_one("django", "dnajgo")  # a swap that is not of neighbours: 2 edits
+    assert not _osa_one("numpy", "numpyyy")
+    assert not _osa_one("flask", "flask2x")
+    assert not _osa_one("lodash", "ldoahs")
+
+
+def test_near_miss_against_a_brute_force_scan() -> None:
+    """The symmetric-delete index finds exactly what comparing with every name finds."""
+    index = NameIndex(KNOWN_PACKAGES)
+    rng = np.random.default_rng(0)
+    alphabet = "abcdefghijklmnopqrstuvwxyz-3"
+    names = sorted(KNOWN_PACKAGES)
+    probes = []
+    for _ in range(400):
+        name = names[rng.integers(len(names))]
+        i = int(rng.integers(len(name)))
+        edit = rng.integers(4)
+        c = alphabet[rng.integers(len(alphabet))]
+        probes.append([name[:i] + c + name[i:], name[:i] + name[i + 1:],
+                       name[:i] + c + name[i + 1:],
+                       name[:i] + name[i + 1:i + 2] + name[i:i + 1] + name[i + 2:]][edit])
+    probes += ["server", "polars", "zzzzzz", "reacct", "py", ""]
+    for token in probes:
+        brute = sorted(n for n in KNOWN_PACKAGES if len(n) >= NEAR_MIN_CHARS and n != token
+                       and _osa_one(token, n))
+        expected = brute[0] if brute and token not in KNOWN_PACKAGES \
+            and len(token) >= NEAR_MIN_CHARS else None
+        assert index.near(token) == expected, token
+
+
+def test_every_typosquat_of_the_stream_is_a_near_miss_and_no_real_package_is() -> None:
+    """The benchmark's stream (gated/traffic.py): its typosquats, trained and held out,
+    imitate packages of the list; its real packages are on it."""
+    index = NameIndex(KNOWN_PACKAGES)
+    for pool in ("pysquat", "jssquat"):
+        for half in POOLS[pool]:
+            for name in half:
+                assert index.near(name) is not None and name not in index.names, name
+    for pool in ("pyname", "jsname"):
+        for half in POOLS[pool]:
+            for name in half:
+                assert name in index.names and index.near(name) is None, name
+
+
+def test_classify_cuts_version_pins_and_skips_what_is_not_a_name() -> None:
+    index = NameIndex(["requests", "react", "lodash"])
+    assert index.classify("reqeusts==2.31.0") == (False, True)
+    assert index.classify("react@^18.2.0") == (True, False)
+    assert index.classify("npm install lodash lodahs") == (True, True)
+    assert index.classify("https://example.com/lodahs?x=1") == (False, False)
+    assert index.classify("") == (False, False)
+    many = " ".join(["lodahs"] * 10_000)
+    assert index.classify(many, max_tokens=4) == (False, True)
+
+
+def test_the_marks_are_wide_features_keyed_by_tool_and_argument() -> None:
+    n = 1 << 16
+    squat = _call("pkg.install", manager="pip", name="reqeusts==2.0.1")
+    real = _call("pkg.install", manager="pip", name="requests==2.0.1")
+    s_idx, s_val = structured_features(squat, None, n, 0.0, 0.0, known_scale=0.5)
+    r_idx, _ = structured_features(real, None, n, 0.0, 0.0, known_scale=0.5)
+    near = _bucket("k|pkg.install|name|near", n)
+    assert near in s_idx and near not in r_idx
+    assert _bucket("k|pkg.install|name|known", n) in r_idx
+    assert _bucket("k|pkg.install|manager|known", n) in s_idx  # pip is a package too
+    np.testing.assert_allclose(np.linalg.norm(s_val), 0.5)
+    assert structured_features(squat, None, n, 0.0, 0.0, known_scale=0.0)[0].size == 0
+    hostile = "pkg.install " + json.dumps({f"a{i}": "lodahs " * 100 for i in range(1000)})
+    idx, _ = structured_features(hostile, None, n, 0.0, 0.0, known_scale=0.5)
+    assert 0 < idx.size <= 64
+
+
+def test_source_batch_carries_the_marks_when_configured() -> None:
+    squat = _call("pkg.install", manager="npm", name="lodahs")
+    on = ModelConfig.tiny()
+    assert on.wide_known_names > 0  # the default
+    off = dataclasses.replace(on, wide_known_names=0.0)
+    n = on.wide_buckets
+    near = _bucket("k|pkg.install|name|near", n)
+    assert near in source_batch([(squat, None)], on)["wide_idx"][0]
+    assert near not in source_batch([(squat, None)], off)["wide_idx"][0]
