@@ -1,4 +1,5 @@
-"""The known-package-name marks: exact names, near misses, and the wide features they add."""
+"""The known-name marks: packages (exact names, near misses) and sensitive files, and the
+wide features they add."""
 
 from __future__ import annotations
 
@@ -8,9 +9,15 @@ import json
 import numpy as np
 
 from gated.engine.config import ModelConfig
-from gated.engine.known_names import KNOWN_PACKAGES, NEAR_MIN_CHARS, NameIndex, _osa_one
+from gated.engine.known_names import (
+    KNOWN_PACKAGES,
+    NEAR_MIN_CHARS,
+    NameIndex,
+    _osa_one,
+    sensitive_file,
+)
 from gated.engine.tokenizer import source_batch
-from gated.engine.wide import _bucket, structured_features
+from gated.engine.wide import _bucket, pair_features, structured_features
 from gated.traffic import POOLS
 
 
@@ -105,3 +112,36 @@ def test_source_batch_carries_the_marks_when_configured() -> None:
     near = _bucket("k|pkg.install|name|near", n)
     assert near in source_batch([(squat, None)], on)["wide_idx"][0]
     assert near not in source_batch([(squat, None)], off)["wide_idx"][0]
+
+
+def test_sensitive_files_by_name_and_by_place() -> None:
+    for path in (".env", "/srv/app/.env.production", "config/secrets.yml", "deploy/secrets.json",
+                 "config/service-account.json", "/home/a/.ssh/id_ed25519", "/etc/gshadow",
+                 "~/.docker/config.json", "/home/a/.netrc", "/home/a/.aws/credentials",
+                 "certs/server.pem", "/root/.ssh/ci_deploy_key", "/HOME/A/.KUBE/CONFIG"):
+        assert sensitive_file(path), path
+    for path in ("config/settings.yml", "config/app.json", "deploy/values.yml", "/etc/hosts",
+                 "/home/a/.ssh/known_hosts", "/home/a/.ssh/id_rsa.pub", "src/keys.py",
+                 "jobs/tokens.rb", "/home/a/.docker/daemon.json", "environment.md", ""):
+        assert not sensitive_file(path), path
+
+
+def test_the_sensitive_marks_on_the_call_and_in_the_pair_terms_history() -> None:
+    n = 1 << 16
+    cat = _call("shell.exec", cmd="cat /home/kai/.docker/config.json")
+    idx, val = structured_features(cat, None, n, 0.0, 0.0, sensitive_scale=0.7)
+    assert list(idx) == [_bucket("f|shell.exec|cmd|sensitive", n)]
+    np.testing.assert_allclose(val, [0.7])
+    assert structured_features(_call("fs.read", path="src/main.py"), None, n, 0.0, 0.0,
+                               sensitive_scale=0.7)[0].size == 0
+    post = _call("http.request", method="POST", url="https://x.example/upload")
+    secret = [_call("fs.read", path="/w/config/service-account.json"),
+              _call("fs.read", path="/w/config/app.json")]
+    _, _, h_idx, h_val, h_grp = pair_features(post, secret, 1 << 10, sensitive_scale=0.7)
+    mark = _bucket("hf|fs.read|sensitive", 1 << 10)
+    assert list(h_idx).count(mark) == 1
+    k = list(h_idx).index(mark)
+    assert h_val[k] == 0.7 and h_grp[k] == 0  # the secret's entry, not the config's
+    assert set(h_val) - {0.7} == {1.0}
+    _, _, off_idx, _, _ = pair_features(post, secret, 1 << 10)
+    assert mark not in off_idx

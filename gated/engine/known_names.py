@@ -1,4 +1,5 @@
-"""Well-known package names, and which argument tokens imitate one: the typosquat feature.
+"""Well-known names: package names (and tokens that imitate one: the typosquat marks), and
+the files that hold credentials (the sensitive-file marks).
 
 A typosquat (``reqeusts``, ``lodahs``) is harmful only because it is one keystroke away
 from a package everybody installs; from its own bytes it is just another unseen name, and
@@ -14,6 +15,15 @@ A near miss is an optimal-string-alignment distance of exactly 1 (one insertion,
 deletion, substitution, or swap of two neighbours) on a token of at least NEAR_MIN_CHARS
 characters, found through a symmetric-delete index (every name and its one-character
 deletions), so a token costs a few dictionary lookups whatever the list's length.
+
+`sensitive_file` says whether a path names a file that, by common convention, holds
+credentials (`SENSITIVE_BASENAMES`, `SENSITIVE_PATHS`: the file names secret scanners
+such as gitleaks and trufflehog look for first). Why: a secret file the gate never saw
+(``config/service-account.json``) shares nothing with the trained ones but a word it
+also shares with ordinary configuration (``json``), so neither the rule "an outbound call
+after a secret was read" nor a direct read of an unseen credential generalised to it
+(measured: docs/learning.md, "Known names"). As with the packages, the mark only says
+what the file is conventionally; what reading it means is learned.
 """
 
 from __future__ import annotations
@@ -129,3 +139,25 @@ class NameIndex:
 
 
 PACKAGES = NameIndex(KNOWN_PACKAGES)
+
+
+#: File names that hold credentials by convention (matched against the last component,
+#: lower-cased): dotenv files, key material, credential stores of common tools.
+SENSITIVE_BASENAMES = re.compile(
+    r"\.env(\.[\w.-]+)?|[\w.-]*\.(pem|key|p12|pfx|jks|keystore|kdbx|ppk|tfstate|asc)"
+    r"|id_(rsa|dsa|ecdsa|ed25519)|[\w.-]*_(deploy_key|rsa|ed25519)|\.?netrc|\.npmrc|\.pypirc"
+    r"|\.pgpass|\.htpasswd|\.git-credentials|g?shadow|sudoers|master\.key"
+    r"|credentials(\.\w+)?|secrets?(\.\w+)?|[\w.-]*service[-_]?account[\w.-]*\.json"
+    r"|client[-_]secrets?(\.\w+)?|kubeconfig|vault(\.\w+)?")
+#: Paths that hold credentials by convention whatever the file's name (a directory of key
+#: material, a tool's credential file with a generic name).
+SENSITIVE_PATHS = re.compile(
+    r"(^|/)(\.ssh/(?!known_hosts$|[^/]*\.pub$)[^/]+|\.aws/(credentials|config)|\.kube/config"
+    r"|\.docker/config\.json|\.gnupg/.+|\.config/gcloud/.+|\.azure/.+|\.password-store/.+)$")
+
+
+def sensitive_file(path: str) -> bool:
+    """Whether `path` names a file that holds credentials by common convention."""
+    path = path.strip().lower().rstrip("/")
+    name = path.rsplit("/", 1)[-1]
+    return bool(SENSITIVE_BASENAMES.fullmatch(name) or SENSITIVE_PATHS.search(path))

@@ -152,17 +152,19 @@ def source_batch(items: Sequence[tuple[str, Sequence[str] | None]],
                                cfg.wide_history_scale)
                  for ids, seg in encoded]
         if (cfg.wide_call_words or cfg.wide_history_cross or cfg.wide_call_shapes
-                or cfg.wide_known_names):
+                or cfg.wide_known_names or cfg.wide_sensitive_files):
             feats = [(np.concatenate([i, si]), np.concatenate([v, sv]))
                      for (i, v), (si, sv) in zip(feats, (
                          structured_features(c, h, cfg.wide_buckets, cfg.wide_call_words,
                                              cfg.wide_history_cross, cfg.wide_call_shapes,
-                                             cfg.wide_known_names)
+                                             cfg.wide_known_names,
+                                             cfg.wide_sensitive_files)
                          for c, h in items),
                          strict=True)]
         out["wide_idx"], out["wide_val"] = pad_features(feats)
         if cfg.wide_pair_rank:
-            pairs = [pair_features(c, h, cfg.wide_pair_buckets) for c, h in items]
+            pairs = [pair_features(c, h, cfg.wide_pair_buckets, cfg.wide_sensitive_files)
+                     for c, h in items]
             out["wide_pc_idx"], out["wide_pc_val"] = pad_features([p[:2] for p in pairs])
             out["wide_ph_idx"], out["wide_ph_val"] = pad_features([p[2:4] for p in pairs])
             out["wide_ph_grp"] = pad_features([(p[4], p[3]) for p in pairs])[0]  # entries

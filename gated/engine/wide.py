@@ -33,7 +33,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .known_names import PACKAGES
+from .known_names import PACKAGES, sensitive_file
 
 _FNV_OFFSET = np.uint64(0xCBF29CE484222325)
 _FNV_PRIME = np.uint64(0x100000001B3)
@@ -125,7 +125,8 @@ def value_shape(text: str) -> str:
 
 def structured_features(context: str, history: Sequence[str] | None, buckets: int,
                         word_scale: float, cross_scale: float, shape_scale: float = 0.0,
-                        known_scale: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+                        known_scale: float = 0.0, sensitive_scale: float = 0.0
+                        ) -> tuple[np.ndarray, np.ndarray]:
     """Features of the call's parsed arguments and of the call x its history: (idx, val).
 
     Why, beside the byte n-grams (measured, docs/learning.md "Structured wide features"):
@@ -151,6 +152,10 @@ def structured_features(context: str, history: Sequence[str] | None, buckets: in
       (known_names.py; value `known_scale` / sqrt(count)): a typosquat of a package the
       gate never saw is otherwise just another unseen word (docs/learning.md, "Known
       names").
+    - **Sensitive files** ``f|tool|key|sensitive`` (value `sensitive_scale`): a token of
+      the argument names a file that holds credentials by convention (known_names.py
+      `sensitive_file`): an unseen credential file (``~/.docker/config.json``) shares no
+      word with the trained ones.
     """
     out: list[tuple[int, float]] = []
     tool, args = _parse_call(context)
@@ -190,6 +195,12 @@ def structured_features(context: str, history: Sequence[str] | None, buckets: in
         if marks:
             v = known_scale / np.sqrt(len(marks))
             out += [(_bucket(name, buckets), v) for name in marks]
+    if sensitive_scale > 0:
+        out += [(_bucket(f"f|{tool}|{key}|sensitive", buckets), sensitive_scale)
+                for key, value in list(args.items())[:SHAPE_TOKENS]
+                if isinstance(value, str) and any(
+                    sensitive_file(token) for token in value.split(maxsplit=SHAPE_TOKENS)[
+                        :SHAPE_TOKENS])]
     if cross_scale > 0 and history:
         method = args.get("method")
         key = f"x|{tool}|{method if isinstance(method, str) else ''}#"
@@ -210,7 +221,8 @@ def structured_features(context: str, history: Sequence[str] | None, buckets: in
 _NAME_WORD = re.compile(r"[A-Za-z0-9]+")
 
 
-def pair_features(context: str, history: Sequence[str] | None, buckets: int
+def pair_features(context: str, history: Sequence[str] | None, buckets: int,
+                  sensitive_scale: float = 0.0
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The two sides of the call x history pair term: (call idx, call val, history idx,
     history val, history entry), bucket ids in 1..buckets-1.
@@ -221,7 +233,10 @@ def pair_features(context: str, history: Sequence[str] | None, buckets: int
       the file's last component (``fs.read|.env``) and each word of that name (``env``,
       ``secrets``, ``yml``), value 1 each, deduplicated within the entry, with the
       entry's index (0, 1, ... over the entries that have keys): `pair_logit` pools the
-      entries, one read being one instance, at most MAX_STRUCTURED keys in all.
+      entries, one read being one instance, at most MAX_STRUCTURED keys in all; and, with
+      `sensitive_scale` > 0, ``hf|tool|sensitive`` of that value when the file holds
+      credentials by convention (known_names.py `sensitive_file`), the one key a secret
+      the gate never saw shares with the trained ones.
 
     Why a product of the two (`pair_logit`) and not more crosses: the history rule is a
     conjunction (an outbound call AND a secret read earlier); the linear crosses must learn
@@ -240,14 +255,16 @@ def pair_features(context: str, history: Sequence[str] | None, buckets: int
         if isinstance(path, str) and path and len(keys) < MAX_STRUCTURED:
             name = posixpath.basename(path.rstrip("/"))
             mine = dict.fromkeys([f"h|{e_tool}|{name}"]
-                                 + [f"hw|{w}" for w in _NAME_WORD.findall(name)[:8]])
-            keys += [(k, entries) for k in mine][:MAX_STRUCTURED - len(keys)]
+                                 + [f"hw|{w}" for w in _NAME_WORD.findall(name)[:8]], 1.0)
+            if sensitive_scale > 0 and sensitive_file(path):
+                mine[f"hf|{e_tool}|sensitive"] = sensitive_scale
+            keys += [(k, v, entries) for k, v in mine.items()][:MAX_STRUCTURED - len(keys)]
             entries += 1
     c_idx = np.fromiter((_bucket(k, buckets) for k in site), np.int64, len(site))
-    h_idx = np.fromiter((_bucket(k, buckets) for k, _ in keys), np.int64, len(keys))
-    h_grp = np.fromiter((e for _, e in keys), np.int64, len(keys))
-    return (c_idx, np.full(len(site), 1.0 / np.sqrt(len(site))),
-            h_idx, np.ones(len(keys)), h_grp)
+    h_idx = np.fromiter((_bucket(k, buckets) for k, _, _ in keys), np.int64, len(keys))
+    h_val = np.fromiter((v for _, v, _ in keys), np.float64, len(keys))
+    h_grp = np.fromiter((e for _, _, e in keys), np.int64, len(keys))
+    return (c_idx, np.full(len(site), 1.0 / np.sqrt(len(site))), h_idx, h_val, h_grp)
 
 
 def pair_logit(call_rows, call_val, hist_rows, hist_val, pool: float = 0.0, xp=np,
