@@ -26,6 +26,7 @@ holds the wide weights still in turn (block-coordinate descent on one loss).
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import posixpath
 import re
@@ -186,21 +187,21 @@ def structured_features(context: str, history: Sequence[str] | None, buckets: in
             v = shape_scale / np.sqrt(len(shapes))
             out += [(_bucket(name, buckets), v) for name in shapes]
     if known_scale > 0:
-        marks: dict[str, None] = {}
-        for key, value in list(args.items())[:SHAPE_TOKENS]:  # a hostile call: bounded
+        marks: list[str] = []  # (a key's two marks are distinct names: no duplicates)
+        for key, value in itertools.islice(args.items(), SHAPE_TOKENS):  # hostile: bounded
             known, near = PACKAGES.classify(value if isinstance(value, str)
                                             else json.dumps(value), SHAPE_TOKENS)
-            marks.update(dict.fromkeys([f"k|{tool}|{key}|known"] * known
-                                       + [f"k|{tool}|{key}|near"] * near))
+            marks += [f"k|{tool}|{key}|known"] if known else []
+            marks += [f"k|{tool}|{key}|near"] if near else []
         if marks:
             v = known_scale / np.sqrt(len(marks))
             out += [(_bucket(name, buckets), v) for name in marks]
     if sensitive_scale > 0:
-        out += [(_bucket(f"f|{tool}|{key}|sensitive", buckets), sensitive_scale)
-                for key, value in list(args.items())[:SHAPE_TOKENS]
-                if isinstance(value, str) and any(
-                    sensitive_file(token) for token in value.split(maxsplit=SHAPE_TOKENS)[
-                        :SHAPE_TOKENS])]
+        for key, value in itertools.islice(args.items(), SHAPE_TOKENS):
+            tokens = value.split(maxsplit=SHAPE_TOKENS)[:SHAPE_TOKENS] \
+                if isinstance(value, str) else []
+            if any(sensitive_file(token) for token in tokens):
+                out.append((_bucket(f"f|{tool}|{key}|sensitive", buckets), sensitive_scale))
     if cross_scale > 0 and history:
         method = args.get("method")
         key = f"x|{tool}|{method if isinstance(method, str) else ''}#"
