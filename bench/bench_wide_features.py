@@ -141,9 +141,7 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
                          "history_block": np.mean(zh[~yh] < 0),
                          "history_allow": np.mean(zh[yh] >= 0),
                          "typosquat": np.mean(zu[[e.category == "typosquat" for e in unseen]]
-                                              < 0),
-                         "wrong": [e for e, z, y in zip(unseen, zu, yu, strict=True)
-                                   if (z >= 0) != y]}
+                                              < 0)}
     g = np.array([np.mean(right_w[j - CHECK:j]) for j in range(CHECK, len(right_w) + 1, CHECK)])
     a = np.array([np.mean(right_a[j - CHECK:j]) for j in range(CHECK, len(right_a) + 1, CHECK)])
     return {"ahead": int(np.sum(g > a)), "checks": len(g), "mean": float(np.mean(g - a)),

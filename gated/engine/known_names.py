@@ -146,7 +146,7 @@ PACKAGES = NameIndex(KNOWN_PACKAGES)
 SENSITIVE_BASENAMES = re.compile(
     r"\.env(\.[\w.-]+)?|[\w.-]*\.(pem|key|p12|pfx|jks|keystore|kdbx|ppk|tfstate|asc)"
     r"|id_(rsa|dsa|ecdsa|ed25519)|[\w.-]*_(deploy_key|rsa|ed25519)|\.?netrc|\.npmrc|\.pypirc"
-    r"|\.pgpass|\.htpasswd|\.git-credentials|g?shadow|sudoers|master\.key"
+    r"|\.pgpass|\.htpasswd|\.git-credentials|g?shadow|sudoers"
     r"|credentials(\.\w+)?|secrets?(\.\w+)?|[\w.-]*service[-_]?account[\w.-]*\.json"
     r"|client[-_]secrets?(\.\w+)?|kubeconfig|vault(\.\w+)?")
 #: Paths that hold credentials by convention whatever the file's name (a directory of key
