@@ -62,6 +62,8 @@ VARIANTS = {
     "v2-no-sensitive": {"wide_sensitive_files": 0.0},  # ... without the sensitive-file marks
     # the sensitive-file marks at 2.0 (the harness's better point; docs/learning.md)
     "v2-sensitive-2": {"wide_sensitive_files": 2.0},
+    # ... and the egress mark on the pair term's call side (docs/learning.md, "Egress calls")
+    "v2-egress": {"wide_sensitive_files": 2.0, "wide_egress_calls": 1.0},
     # the pair term's history keys summed, not pooled (keys are per entry since 2026-11-24:
     # a file read twice counts twice, where the sum before deduplicated the history)
     "v2-sum-pair": {"wide_pair_pool": 0.0},

@@ -77,7 +77,7 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
            probes: int, points: tuple[int, ...], lag: int = 1, pair_rank: int = 0,
            pair_lr: float = 0.1, pool: float = 0.5, shapes: float = 0.0, lr: float = 0.5,
            pair_init: float = 0.1, veto: float = 0.0, pair_l2: float = -1.0,
-           known: float = 0.0, sensitive: float = 0.0) -> dict:
+           known: float = 0.0, sensitive: float = 0.0, egress: float = 0.0) -> dict:
     """One setting's run; `lag` > 1 scores each signal with weights that have not yet
     learned the previous `lag` - 1 (updates applied in groups of `lag`), as the daemon's
     trainer scores a step's arrivals with the weights published before them. `pair_rank`
@@ -88,7 +88,8 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
                               wide_history_cross=cross, wide_pair_rank=pair_rank,
                               wide_pair_pool=pool, wide_call_shapes=shapes,
                               wide_pair_init=pair_init, wide_pair_veto=veto,
-                              wide_known_names=known, wide_sensitive_files=sensitive)
+                              wide_known_names=known, wide_sensitive_files=sensitive,
+                              wide_egress_calls=egress)
 
     def feats(context: str, history: list[str] | None) -> tuple:
         b = source_batch([(context, history)], cfg)
@@ -152,7 +153,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--grid", nargs="+", default=DEFAULT_GRID,
                     metavar="WORDS,CROSS,L2[,PAIR_RANK[,PAIR_LR[,POOL[,SHAPES[,LR[,INIT[,VETO"
-                    "[,PAIR_L2[,KNOWN[,SENSITIVE]]]]]]]]]]")
+                    "[,PAIR_L2[,KNOWN[,SENSITIVE[,EGRESS]]]]]]]]]]]")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--signals", type=int, default=12000)
     ap.add_argument("--switch-at", type=int, default=4000)
@@ -161,7 +162,7 @@ def main() -> None:
     a = ap.parse_args()
     points = (a.switch_at - 500, a.signals - 500)
     print("| words | cross | l2 | pair rank, lr, pool | shapes | lr, init, veto, pair l2, known, "
-          "sensitive | seed | "
+          "sensitive, egress | seed | "
           "ahead of anchor | "
           f"mean / worst / first diff | unseen @{points[0]} / @{points[1]} | block recall | "
           "allow precision | history rule | its block members / allow twins right | "
@@ -171,20 +172,23 @@ def main() -> None:
     for spec in a.grid:
         fields = [float(x) for x in spec.split(",")]
         words, cross, l2 = fields[:3]
-        defaults = (0, 0.1, 0.5, 0.0, 0.5, 0.1, 0.0, -1.0, 0.0, 0.0)  # rank, pair_lr, pool,
-        rank, pair_lr, pool, shapes, lr, init, veto, pair_l2, known, sens = (  # shapes, lr,
-            fields[3 + k] if len(fields) > 3 + k else d  # init, veto, pair_l2, known, sens
+        defaults = (0, 0.1, 0.5, 0.0, 0.5, 0.1, 0.0, -1.0, 0.0, 0.0, 0.0)  # rank, pair_lr,
+        rank, pair_lr, pool, shapes, lr, init, veto, pair_l2, known, sens, egress = (  # pool,
+            fields[3 + k] if len(fields) > 3 + k else d  # shapes, lr, init, veto, pair_l2,
+            # known, sens, egress
             for k, d in enumerate(defaults))
         rank = int(rank)
         for seed in a.seeds:
             r = replay(words, cross, l2, seed, a.signals, a.switch_at, a.probes, points, a.lag,
-                       rank, pair_lr, pool, shapes, lr, init, veto, pair_l2, known, sens)
+                       rank, pair_lr, pool, shapes, lr, init, veto, pair_l2, known, sens,
+                       egress)
             p0, p1 = (r["at"][p] for p in points)
 
             def pair(k: str, p0=p0, p1=p1) -> str:
                 return f"{p0[k]:.3f} / {p1[k]:.3f}"
             print(f"| {words:g} | {cross:g} | {l2:g} | {rank}, {pair_lr:g}, {pool:g} | "
-                  f"{shapes:g} | {lr:g}, {init:g}, {veto:g}, {pair_l2:g}, {known:g}, {sens:g} | "
+                  f"{shapes:g} | {lr:g}, {init:g}, {veto:g}, {pair_l2:g}, {known:g}, {sens:g}, "
+                  f"{egress:g} | "
                   f"{seed} | "
                   f"{r['ahead']}/{r['checks']} | "
                   f"{r['mean']:+.4f} / {r['worst']:+.3f} / {r['first']:+.3f} | {pair('unseen')} | "

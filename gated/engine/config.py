@@ -65,6 +65,10 @@ class ModelConfig:
     #: credentials by convention (engine/known_names.py `sensitive_file`), and a key of this
     #: value for such a file in the pair term's history (0 = none; docs/learning.md).
     wide_sensitive_files: float = 1.0
+    #: ... and a key of this value on the pair term's call side when the call can carry
+    #: data out (engine/known_names.py `egress_call`: an HTTP body, mail, an upload), so
+    #: the channels share what they learn about the history (0 = none; docs/learning.md).
+    wide_egress_calls: float = 0.0
     #: The call x history pair term (engine/wide.py `pair_features`, `pair_logit`): rank of
     #: its two factor tables, each [wide_pair_buckets, rank]. 0 (or no wide path) = none.
     wide_pair_rank: int = 8
@@ -98,7 +102,7 @@ class ModelConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("wide_buckets", "max_history", "wide_history_scale", "wide_call_words",
                      "wide_history_cross", "wide_call_shapes", "wide_known_names",
-                     "wide_sensitive_files", "wide_pair_rank",
+                     "wide_sensitive_files", "wide_egress_calls", "wide_pair_rank",
                      "wide_pair_buckets", "wide_pair_init", "wide_pair_pool", "wide_pair_veto"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")

@@ -161,3 +161,27 @@ def sensitive_file(path: str) -> bool:
     path = path.strip().lower().rstrip("/")
     name = path.rsplit("/", 1)[-1]
     return bool(SENSITIVE_BASENAMES.fullmatch(name) or SENSITIVE_PATHS.search(path))
+
+
+#: HTTP methods that carry a request body to the server: the channels of an upload.
+EGRESS_METHODS = frozenset({"POST", "PUT", "PATCH"})
+#: Words of a tool's name that say it sends a message or a file out (``email.send``,
+#: ``slack.post_message``, ``s3.upload``), split on ``.``, ``_``, ``-`` and case.
+EGRESS_VERBS = frozenset({"send", "mail", "email", "post", "upload", "publish", "message",
+                          "share", "sms", "webhook"})
+_TOOL_WORD = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])")
+
+
+def egress_call(tool: str, args: dict) -> bool:
+    """Whether a call can carry data out of the machine: an HTTP request with a body
+    (`EGRESS_METHODS`), or a tool whose name says it sends or uploads (`EGRESS_VERBS`).
+
+    Why: "an upload after a secret was read" is one pattern whatever the channel (data
+    loss prevention systems watch the same egress channels); without a mark the gate
+    learns it per tool, and a channel it saw exfiltrate rarely (mail: ~1 in 100 signals)
+    stays a coin flip (measured: docs/learning.md, "Egress calls"). Whether the
+    destination is outside, and what the mark means, is still learned."""
+    method = args.get("method")
+    if isinstance(method, str) and method.upper() in EGRESS_METHODS:
+        return True
+    return any(w.lower() in EGRESS_VERBS for w in _TOOL_WORD.findall(tool))

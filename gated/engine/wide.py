@@ -34,7 +34,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .known_names import PACKAGES, sensitive_file
+from .known_names import PACKAGES, egress_call, sensitive_file
 
 _FNV_OFFSET = np.uint64(0xCBF29CE484222325)
 _FNV_PRIME = np.uint64(0x100000001B3)
@@ -223,13 +223,16 @@ _NAME_WORD = re.compile(r"[A-Za-z0-9]+")
 
 
 def pair_features(context: str, history: Sequence[str] | None, buckets: int,
-                  sensitive_scale: float = 0.0
+                  sensitive_scale: float = 0.0, egress_scale: float = 0.0
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The two sides of the call x history pair term: (call idx, call val, history idx,
     history val, history entry), bucket ids in 1..buckets-1.
 
-    - The call's site: its tool, and its tool and HTTP method when it has one (values
-      1/sqrt(count), so a site with a method is not louder than one without).
+    - The call's site: its tool, and its tool and HTTP method when it has one, and, with
+      `egress_scale` > 0, ``p|egress`` of that value when the call can carry data out
+      (known_names.py `egress_call`: the one key mail shares with an HTTP upload); the
+      site's values scaled to an L2 norm of 1, so a site with a method or the mark is not
+      louder than one without.
     - The history's keys: for every entry with a ``path`` argument, the entry's tool and
       the file's last component (``fs.read|.env``) and each word of that name (``env``,
       ``secrets``, ``yml``), value 1 each, deduplicated within the entry, with the
@@ -247,7 +250,10 @@ def pair_features(context: str, history: Sequence[str] | None, buckets: int,
     Empty sides give an empty product (zero logit)."""
     tool, args = _parse_call(context)
     method = args.get("method")
-    site = [f"p|{tool}"] + ([f"p|{tool}|{method}"] if isinstance(method, str) else [])
+    site = dict.fromkeys([f"p|{tool}"] + ([f"p|{tool}|{method}"] if isinstance(method, str)
+                                          else []), 1.0)
+    if egress_scale > 0 and egress_call(tool, args):
+        site["p|egress"] = egress_scale
     keys: list[tuple[str, int]] = []
     entries = 0
     for entry in (history or [])[-MAX_STRUCTURED:]:
@@ -262,10 +268,11 @@ def pair_features(context: str, history: Sequence[str] | None, buckets: int,
             keys += [(k, v, entries) for k, v in mine.items()][:MAX_STRUCTURED - len(keys)]
             entries += 1
     c_idx = np.fromiter((_bucket(k, buckets) for k in site), np.int64, len(site))
+    c_val = np.fromiter(site.values(), np.float64, len(site))
     h_idx = np.fromiter((_bucket(k, buckets) for k, _, _ in keys), np.int64, len(keys))
     h_val = np.fromiter((v for _, v, _ in keys), np.float64, len(keys))
     h_grp = np.fromiter((e for _, _, e in keys), np.int64, len(keys))
-    return (c_idx, np.full(len(site), 1.0 / np.sqrt(len(site))), h_idx, h_val, h_grp)
+    return (c_idx, c_val / np.linalg.norm(c_val), h_idx, h_val, h_grp)
 
 
 def pair_logit(call_rows, call_val, hist_rows, hist_val, pool: float = 0.0, xp=np,
