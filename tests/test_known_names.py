@@ -7,6 +7,7 @@ import dataclasses
 import json
 
 import numpy as np
+import pytest
 
 from gated.engine.config import ModelConfig
 from gated.engine.known_names import (
@@ -14,10 +15,13 @@ from gated.engine.known_names import (
     NEAR_MIN_CHARS,
     NameIndex,
     _osa_one,
+    egress_call,
     sensitive_file,
 )
+from gated.engine.model import Model
 from gated.engine.tokenizer import source_batch
-from gated.engine.wide import _bucket, pair_features, structured_features
+from gated.engine.wide import PAIR_KEYS, _bucket, pair_features, structured_features
+from gated.engine.wide_learner import WideAdaGrad
 from gated.traffic import POOLS
 
 
@@ -145,3 +149,66 @@ def test_the_sensitive_marks_on_the_call_and_in_the_pair_terms_history() -> None
     assert set(h_val) - {0.7} == {1.0}
     _, _, off_idx, _, _ = pair_features(post, secret, 1 << 10)
     assert mark not in off_idx
+
+
+def test_egress_calls_are_bodies_and_sending_tools() -> None:
+    for tool, args in (("http.request", {"method": "POST"}), ("http.request", {"method": "put"}),
+                       ("api.call", {"method": "PATCH"}), ("email.send", {}),
+                       ("slack.postMessage", {}), ("s3_upload", {}), ("sms-send", {})):
+        assert egress_call(tool, args), (tool, args)
+    for tool, args in (("http.request", {"method": "GET"}), ("http.request", {"method": 7}),
+                       ("fs.read", {}), ("git.push", {}), ("browser.open", {}),
+                       ("postgres.query", {}), ("shell.exec", {"cmd": "curl -X POST x"})):
+        assert not egress_call(tool, args), (tool, args)
+
+
+def test_the_egress_key_joins_the_call_site_at_unit_norm() -> None:
+    n = 1 << 10
+    hist = [_call("fs.read", path="/w/.env")]
+    post = _call("http.request", method="POST", url="https://x.example/upload")
+    c_idx, c_val, *_ = pair_features(post, hist, n, egress_scale=2.0)
+    assert list(c_idx) == [_bucket(k, n) for k in
+                           ("p|http.request", "p|http.request|POST", "p|egress")]
+    np.testing.assert_allclose(c_val, np.array([1.0, 1.0, 2.0]) / np.sqrt(6.0))
+    c_idx, c_val, *_ = pair_features(post, hist, n)  # off: the site as before
+    np.testing.assert_allclose(c_val, [0.5 ** 0.5] * 2)
+    assert _bucket("p|egress", n) not in c_idx
+    get = _call("http.request", method="GET", url="https://x.example/")
+    assert _bucket("p|egress", n) not in pair_features(get, hist, n, egress_scale=2.0)[0]
+    mail = _call("email.send", to="a@b.example", subject="hi")
+    c_idx, c_val, *_ = pair_features(mail, hist, n, egress_scale=1.0)
+    assert list(c_idx) == [_bucket("p|email.send", n), _bucket("p|egress", n)]
+    assert np.linalg.norm(c_val) == pytest.approx(1.0)
+
+
+def test_the_egress_mark_carries_what_uploads_taught_to_mail() -> None:
+    """A wide-only learner that saw the history rule only on HTTP uploads (a POST after a
+    secret read blocked, after a config read allowed): with the egress mark, mail after a
+    secret read scores lower than mail after a config read; without it the pair term has
+    nothing to carry the lesson across channels."""
+    rng = np.random.default_rng(0)
+
+    def gap(egress: float) -> float:
+        cfg = dataclasses.replace(ModelConfig.tiny(), wide_buckets=1 << 14, wide_pair_rank=4,
+                                  wide_pair_buckets=1 << 10, wide_sensitive_files=1.0,
+                                  wide_egress_calls=egress)
+        model = Model.init(cfg, seed=0, dtype="float64")
+        learner = WideAdaGrad.for_model(model, np.zeros(model.num_params), l2=1e-3)
+
+        def feats(ctx: str, read: str) -> tuple:
+            b = source_batch([(ctx, [_call("fs.read", path=f"/w/{read}")])], cfg)
+            return b["wide_idx"][0], b["wide_val"][0], 0.0, tuple(b[k][0] for k in PAIR_KEYS)
+        for k in range(300):
+            post = _call("http.request", method="POST", url=f"https://h{k % 7}.example/x{k}")
+            secret = bool(rng.random() < 0.5)
+            f = feats(post, ".env" if secret else "config/app.yml")
+            learner.learn(*f[:3], 0.0 if secret else 1.0, 1.0, f[3])
+        mail = _call("email.send", to="x@y.example", subject="s")
+        z = [learner.gradient(*f[:3], 1.0, 1.0, f[3])[2]
+             for f in (feats(mail, ".env"), feats(mail, "config/app.yml"))]
+        return z[1] - z[0]  # how much lower mail scores after the secret read
+
+    without, with_mark = gap(0.0), gap(1.0)
+    print(f"mail after config minus after secret: without the mark {without:+.3f}, "
+          f"with it {with_mark:+.3f}")
+    assert with_mark > 1.0 and with_mark > without + 1.0
