@@ -60,10 +60,14 @@ VARIANTS = {
     "v2-no-shapes": {"wide_call_shapes": 0.0},  # the wide path without the argument shapes
     "v2-no-known": {"wide_known_names": 0.0},  # ... without the known-package-name marks
     "v2-no-sensitive": {"wide_sensitive_files": 0.0},  # ... without the sensitive-file marks
-    # the sensitive-file marks at 2.0 (the harness's better point; docs/learning.md)
-    "v2-sensitive-2": {"wide_sensitive_files": 2.0},
-    # ... and the egress mark on the pair term's call side (docs/learning.md, "Egress calls")
+    # the sensitive-file marks at 2.0 without the egress mark (docs/learning.md)
+    "v2-sensitive-2": {"wide_sensitive_files": 2.0, "wide_egress_calls": 0.0},
+    # ... and the egress mark on the pair term's call side (docs/learning.md, "Egress calls";
+    # the default since 2026-11-24, afternoon: these values spelled out)
     "v2-egress": {"wide_sensitive_files": 2.0, "wide_egress_calls": 1.0},
+    "v2-no-egress": {"wide_egress_calls": 0.0},  # ... without the egress mark
+    # the marks as before that afternoon (sensitive files at 1.0, no egress mark)
+    "v2-sensitive-1": {"wide_sensitive_files": 1.0, "wide_egress_calls": 0.0},
     # the pair term's history keys summed, not pooled (keys are per entry since 2026-11-24:
     # a file read twice counts twice, where the sum before deduplicated the history)
     "v2-sum-pair": {"wide_pair_pool": 0.0},

@@ -19,7 +19,10 @@ daemon's wide path is at best) for each setting of
   commands of the tables before the argument shapes still give those tables), ``lr``:
   `TrainConfig.wide_lr` (8th, default 0.5), ``init``: `ModelConfig.wide_pair_init`
   (9th, default 0.1) and ``veto``: `ModelConfig.wide_pair_veto` (10th, default 0: the
-  pair term added to the linear logit; c > 0: the history as a veto),
+  pair term added to the linear logit; c > 0: the history as a veto), ``pair_l2`` (11th,
+  -1: the linear weights' L2), ``known``, ``sensitive`` and ``egress``:
+  `ModelConfig.wide_known_names`, `wide_sensitive_files`, `wide_egress_calls` (12th-14th,
+  default 0 each: the marks of docs/learning.md, "Known names" and "Egress calls"),
 
 with features built by the daemon's own `source_batch`, beside the anchor (bench/anchor.py)
 on the same signals, and prints: how many 500-signal checkpoints it is ahead of the anchor
@@ -44,6 +47,9 @@ read in the window -- and their allow twins apart).
         --switch-at 4000 --grid 0.3,0.3,1e-3,8,0.1,0.5,1,0.5,0.1,0 \
         0.3,0.3,1e-3,8,0.1,0.5,1,0.5,0.1,2 \
         0.3,0.3,1e-3,8,0.1,0.5,1,0.5,0.1,0,1e-2   # the veto, the pair L2 (not kept)
+    .venv/bin/python bench/bench_wide_features.py --seeds 0 1 2 3 4 5 --signals 5500 \
+        --switch-at 4000 --grid 0.3,0.3,1e-3,8,0.1,0.5,1,0.5,0.1,0,-1,1,2,0 \
+        0.3,0.3,1e-3,8,0.1,0.5,1,0.5,0.1,0,-1,1,2,1         # the egress mark (kept)
 """
 
 from __future__ import annotations

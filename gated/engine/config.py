@@ -63,12 +63,13 @@ class ModelConfig:
     wide_known_names: float = 1.0
     #: ... and, per argument, a mark of this value when it names a file that holds
     #: credentials by convention (engine/known_names.py `sensitive_file`), and a key of this
-    #: value for such a file in the pair term's history (0 = none; docs/learning.md).
-    wide_sensitive_files: float = 1.0
+    #: value for such a file in the pair term's history (0 = none; 2.0: louder is learned
+    #: sooner, measured in docs/learning.md, "Egress calls").
+    wide_sensitive_files: float = 2.0
     #: ... and a key of this value on the pair term's call side when the call can carry
     #: data out (engine/known_names.py `egress_call`: an HTTP body, mail, an upload), so
     #: the channels share what they learn about the history (0 = none; docs/learning.md).
-    wide_egress_calls: float = 0.0
+    wide_egress_calls: float = 1.0
     #: The call x history pair term (engine/wide.py `pair_features`, `pair_logit`): rank of
     #: its two factor tables, each [wide_pair_buckets, rank]. 0 (or no wide path) = none.
     wide_pair_rank: int = 8
