@@ -83,7 +83,8 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
            probes: int, points: tuple[int, ...], lag: int = 1, pair_rank: int = 0,
            pair_lr: float = 0.1, pool: float = 0.5, shapes: float = 0.0, lr: float = 0.5,
            pair_init: float = 0.1, veto: float = 0.0, pair_l2: float = -1.0,
-           known: float = 0.0, sensitive: float = 0.0, egress: float = 0.0) -> dict:
+           known: float = 0.0, sensitive: float = 0.0, egress: float = 0.0,
+           pair_first: bool = False) -> dict:
     """One setting's run; `lag` > 1 scores each signal with weights that have not yet
     learned the previous `lag` - 1 (updates applied in groups of `lag`), as the daemon's
     trainer scores a step's arrivals with the weights published before them. `pair_rank`
@@ -104,7 +105,8 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
 
     model = Model.init(cfg, seed=0, dtype="float64")  # the wide slots, initialised
     wide = WideAdaGrad.for_model(model, np.zeros(model.num_params), lr=lr, l2=l2,
-                                 pair_lr=pair_lr, pair_l2=None if pair_l2 < 0 else pair_l2)
+                                 pair_lr=pair_lr, pair_l2=None if pair_l2 < 0 else pair_l2,
+                                 pair_first=pair_first)
     anchor = HashedNgramLR()
     stream, probe_src = GatewayTraffic(seed=seed), GatewayTraffic(seed=seed)
     right_w, right_a, at, pending = [], [], {}, []
@@ -165,6 +167,8 @@ def main() -> None:
     ap.add_argument("--switch-at", type=int, default=4000)
     ap.add_argument("--probes", type=int, default=1000)
     ap.add_argument("--lag", type=int, default=1, help="signals scored before learning")
+    ap.add_argument("--pair-first", action="store_true",
+                    help="the pair term steps first (TrainConfig.wide_pair_first)")
     a = ap.parse_args()
     points = (a.switch_at - 500, a.signals - 500)
     print("| words | cross | l2 | pair rank, lr, pool | shapes | lr, init, veto, pair l2, known, "
@@ -187,7 +191,7 @@ def main() -> None:
         for seed in a.seeds:
             r = replay(words, cross, l2, seed, a.signals, a.switch_at, a.probes, points, a.lag,
                        rank, pair_lr, pool, shapes, lr, init, veto, pair_l2, known, sens,
-                       egress)
+                       egress, a.pair_first)
             p0, p1 = (r["at"][p] for p in points)
 
             def pair(k: str, p0=p0, p1=p1) -> str:

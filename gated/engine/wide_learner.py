@@ -37,7 +37,8 @@ class WideAdaGrad:
 
     def __init__(self, weights, accum, *, scale: float, lr: float = 0.5, l2: float = 1e-5,
                  eps: float = 1e-8, xp=np, pair=None, pair_lr: float = 0.1,
-                 pool: float = 0.0, veto: float = 0.0, pair_l2: float | None = None) -> None:
+                 pool: float = 0.0, veto: float = 0.0, pair_l2: float | None = None,
+                 pair_first: bool = False) -> None:
         self.w, self.g2, self.scale, self.xp = weights, accum, scale, xp
         self.lr, self.l2, self.eps = lr, l2, eps
         #: the pair tables' own L2 (None: `l2`)
@@ -47,6 +48,8 @@ class WideAdaGrad:
         self.pair, self.pair_lr, self.pool = pair, pair_lr, pool
         #: the pair term combined with the linear logit as a veto (`veto_combine`), or summed
         self.veto = veto
+        #: `learn` steps the pair term first and the linear weights on what is left (below)
+        self.pair_first = pair_first
 
     @classmethod
     def for_model(cls, model, accum_flat, **kw) -> WideAdaGrad:
@@ -77,14 +80,27 @@ class WideAdaGrad:
 
     def learn(self, idx: np.ndarray, val: np.ndarray, z_rest: float, label: float,
               weight: float, pair=None) -> float:
-        """One AdaGrad update from one signal; returns its logit before the update."""
+        """One AdaGrad update from one signal; returns its logit before the update.
+
+        Both parts step on the same gradient, or, with `pair_first`, the pair term steps
+        first and the linear weights then on the gradient at the new pair term (one block
+        coordinate step each, each exact for its block). Why: a history rule is a
+        conjunction the pair term alone can carry, while the call's own words can only
+        memorise "this call was blocked"; stepped together, a burst of exfiltrations from
+        one session pushes the outbound call's words to block as fast as the pair term
+        learns the read, and the same call after a harmless history is blocked with them
+        (docs/learning.md, "The pair term first")."""
         st = self._gradient(idx, val, z_rest, label, weight, pair)
-        self._step(self.w, self.g2, st["d_idx"], st["w_now"], st["g"], self.lr)
+        if not (self.pair_first and st["pair"]):
+            self._step(self.w, self.g2, st["d_idx"], st["w_now"], st["g"], self.lr)
         if st["pair"]:  # only when the learner has a pair term and the signal its features
             for (rows, g, now), table, sums in zip(st["pair"], self.pair[0::2], self.pair[1::2],
                                                    strict=True):
                 if len(rows):
                     self._step(table, sums, self.xp.asarray(rows), now, g, self.pair_lr)
+            if self.pair_first:
+                lin = self._gradient(idx, val, z_rest, label, weight, pair)
+                self._step(self.w, self.g2, lin["d_idx"], lin["w_now"], lin["g"], self.lr)
         return st["z"]
 
     def _step(self, table, sums, d_idx, now, g, lr) -> None:

@@ -151,7 +151,8 @@ class Trainer(GpuFallback, threading.Thread):
         if "wide.w" in model.params:
             # The wide path's AdaGrad state is the tail of AdamW's v, which AdamW skips.
             self.wide = WideAdaGrad.for_model(model, self.opt.v, lr=s.wide_lr, l2=s.wide_l2,
-                                              pair_lr=s.wide_pair_lr)
+                                              pair_lr=s.wide_pair_lr,
+                                              pair_first=s.wide_pair_first)
         self._wide_dirty = False  # wide weights changed since the last swap
         xp = model.ops.xp
         model.ewc = EWC(model.num_params, lam=s.lambda_ewc, decay=s.ewc_decay, xp=xp,
@@ -235,6 +236,7 @@ class Trainer(GpuFallback, threading.Thread):
         self.opt.lr = s.lr
         if self.wide is not None:
             self.wide.lr, self.wide.l2 = s.wide_lr, s.wide_l2
+            self.wide.pair_lr, self.wide.pair_first = s.wide_pair_lr, s.wide_pair_first
         if hasattr(self, "promotion"):
             self.promotion.margin = s.promotion_margin
         self.opt.weight_decay, self.opt.clip_norm = s.weight_decay, s.clip_norm
