@@ -225,6 +225,18 @@ def test_the_wide_path_learns_every_fresh_signal_even_when_no_step_is_taken(tmp_
     store2.close()
 
 
+def test_the_wide_paths_hot_settings_reach_its_learner(tmp_path):
+    """Every `wide_*` setting marked hot in config/schema.py takes effect on a reload
+    (`wide_pair_lr` was marked hot and never reached the learner)."""
+    store, trainer, _ = _trainer(tmp_path / "s", wide_pair_first=True)
+    assert trainer.wide.pair_first and trainer.wide.pair_lr == TrainConfig().wide_pair_lr
+    trainer.apply_settings(dataclasses.replace(trainer.settings, wide_lr=0.2, wide_l2=1e-4,
+                                               wide_pair_lr=0.05, wide_pair_first=False))
+    w = trainer.wide
+    assert (w.lr, w.l2, w.pair_lr, w.pair_first) == (0.2, 1e-4, 0.05, False)
+    store.close()
+
+
 def test_a_drift_relaxes_the_wide_path(tmp_path):
     store, trainer, _ = _trainer(tmp_path / "s", drift_wide_relax=0.5)
     trainer.opt.v[trainer.model.deep_size:] = 2.0
@@ -547,3 +559,43 @@ def test_the_wide_path_replays_reservoir_examples_with_their_current_labels(tmp_
             assert labels == {0.0}  # the correction's block, not the gate's allow
         store.close()
     assert not np.array_equal(got[0], got[2])
+
+
+def test_pair_first_steps_the_pair_term_then_the_linear_weights_at_its_new_value():
+    """`pair_first`: one AdaGrad step of the pair tables on the signal's gradient, then one
+    of the linear weights on the gradient recomputed with the stepped tables -- written
+    out here from `pair_gradient` and `gradient` (squared-gradient sums start at 1, so a
+    step's size depends on its gradient: theta -= lr g / sqrt(1 + g^2))."""
+    rng = np.random.default_rng(11)
+    w0, u0, v0 = rng.normal(size=32), rng.normal(size=(16, 3)), rng.normal(size=(16, 3))
+    idx, val = np.array([0, 4, 7]), rng.normal(size=3)
+    pair = (np.array([2, 5]), np.array([0.6, 0.8]), np.array([1, 9, 12]),
+            np.array([1.0, 2.0, 1.0]), np.array([0, 0, 1]))
+
+    def learner(first: bool) -> WideAdaGrad:
+        return WideAdaGrad(w0.copy(), np.ones(32), scale=1.0, l2=1e-3, pool=0.5, eps=0.0,
+                           pair=(u0.copy(), np.ones((16, 3)), v0.copy(), np.ones((16, 3))),
+                           pair_first=first)
+
+    ref = learner(False)
+    (c_rows, g_u), (h_rows, g_v) = ref.pair_gradient(idx, val, 0.3, 0.0, 2.0, pair)
+    ref.pair[0][c_rows] -= 0.1 * g_u / np.sqrt(1.0 + g_u ** 2)
+    ref.pair[2][h_rows] -= 0.1 * g_v / np.sqrt(1.0 + g_v ** 2)
+    rows, g_w, _ = ref.gradient(idx, val, 0.3, 0.0, 2.0, pair)  # at the stepped tables
+    expected_w = w0.copy()
+    expected_w[rows] -= 0.5 * g_w / np.sqrt(1.0 + g_w ** 2)
+
+    first = learner(True)
+    z_before = first.learn(idx, val, 0.3, 0.0, 2.0, pair)
+    np.testing.assert_allclose(first.pair[0], ref.pair[0], rtol=1e-12)
+    np.testing.assert_allclose(first.pair[2], ref.pair[2], rtol=1e-12)
+    np.testing.assert_allclose(first.w, expected_w, rtol=1e-12)
+    both = learner(False)
+    assert both.learn(idx, val, 0.3, 0.0, 2.0, pair) == pytest.approx(z_before)
+    # the joint step differs: its linear step used the gradient at the old tables
+    assert np.abs(both.w - first.w).max() > 1e-3
+    # without pair features the two are the same learner
+    a, b = learner(True), learner(False)
+    a.learn(idx, val, 0.3, 1.0, 1.0, None)
+    b.learn(idx, val, 0.3, 1.0, 1.0, None)
+    np.testing.assert_array_equal(a.w, b.w)
