@@ -65,6 +65,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from anchor import HashedNgramLR, anchor_text, label_weight  # noqa: E402
 
+from gated.config import TrainConfig  # noqa: E402
 from gated.engine.config import ModelConfig  # noqa: E402
 from gated.engine.model import Model  # noqa: E402
 from gated.engine.tokenizer import source_batch  # noqa: E402
@@ -167,8 +168,10 @@ def main() -> None:
     ap.add_argument("--switch-at", type=int, default=4000)
     ap.add_argument("--probes", type=int, default=1000)
     ap.add_argument("--lag", type=int, default=1, help="signals scored before learning")
-    ap.add_argument("--pair-first", action="store_true",
-                    help="the pair term steps first (TrainConfig.wide_pair_first)")
+    ap.add_argument("--pair-first", action=argparse.BooleanOptionalAction,
+                    default=TrainConfig().wide_pair_first,
+                    help="the pair term steps first (TrainConfig.wide_pair_first, the default; "
+                         "--no-pair-first: the joint step)")
     a = ap.parse_args()
     points = (a.switch_at - 500, a.signals - 500)
     print("| words | cross | l2 | pair rank, lr, pool | shapes | lr, init, veto, pair l2, known, "

@@ -163,7 +163,7 @@ class TrainConfig:
     wide_pair_lr: float = _opt(0.1, "AdaGrad learning rate of the wide path's call x history "
                                "pair term (0.1: the sweep in docs/learning.md; larger adds "
                                "noise on the first signals)", hot=True, lo=0.0, hi=100.0)
-    wide_pair_first: bool = _opt(False, "the wide path steps its call x history pair term "
+    wide_pair_first: bool = _opt(True, "the wide path steps its call x history pair term "
                                  "first and its linear weights on what is left, so a history "
                                  "rule is learned by the term that can carry it, not by the "
                                  "outbound call's words (docs/learning.md, 'The pair term "
