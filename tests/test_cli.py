@@ -44,7 +44,10 @@ def test_cli_send_predict_explain_status_report_backup_inspect(tmp_path):
         r = gated("send", "--socket", sock, "--context", "bash ls", "--decision", "maybe")
         assert r.returncode == 2 and "invalid choice" in r.stderr
         with d.client() as c:
-            wait_until(lambda: c.status()["queue_depth"] == 0, what="training caught up")
+            # the wide path takes every signal at once (queue 0) while the transformer's
+            # first step may still run: wait for both, not for the first alone
+            wait_until(lambda: (s := c.status())["queue_depth"] == 0 and s["step"] >= 1,
+                       what="training caught up and stepped")
         pred = json.loads(gated("predict", "--socket", sock, "bash rm -rf /").stdout)
         assert pred["band"] == expected_band(pred["p_allow"]) and pred["version"] >= 1
         exp = json.loads(gated("explain", "--socket", sock, "bash rm -rf /").stdout)

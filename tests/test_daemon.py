@@ -48,8 +48,10 @@ def test_end_to_end_signals_train_swap_predict_metrics(tmp_path, config):
             again = c.signal({"context": "read_file README.md", "decision": "allow",
                               "id": "abc"})
             assert again == {**again, "seq": 301, "duplicate": True}
+            # the wide path takes and publishes every signal at once (queue 0, new
+            # versions) while the transformer's first step may still run: wait for both
             st = wait_until(lambda: (s := c.status())["queue_depth"] == 0 and s["version"] >= 2
-                            and s, what="training to catch up")
+                            and s["step"] > 0 and s, what="training to catch up")
             assert st["step"] > 0 and st["scored"] == 301 and st["last_trained_seq"] == 301
             after = c.predict("bash rm -rf /", ["ls"])
             assert after["version"] >= 2 and after["p_allow"] != before["p_allow"]

@@ -217,3 +217,9 @@ def run_trainer(spec: TrainerSpec, conn: Any, wake: Any) -> None:
         trainer.run()  # the loop, in this (main) thread; checkpoints on the way out
     finally:
         store.close()
+        # Stopped and checkpointed: a late SIGTERM (systemd signals the whole cgroup, an
+        # operator's second Ctrl-C) must not turn this clean exit into -SIGTERM. Python's
+        # shutdown puts its own handlers back to SIG_DFL but leaves SIG_IGN alone, and a
+        # hung exit is still SIGKILLed by the supervisor and by systemd.
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_IGN)
