@@ -292,7 +292,7 @@ def test_an_edge_started_late_catches_up(tmp_path, nats, procs):
     # `cur` or a later one: the trainer may publish again meanwhile (under CPU load its
     # transformer step ends after the wide path's publications), and both edges at the
     # same version, so the predictions below come from the same weights
-    wait_until(lambda: version(e2) >= cur and version(e1) == version(e2), 30,
+    wait_until(lambda: (v := version(e2)) >= cur and version(e1) == v, 30,
                "the late edge serves the current version")
     with e1.client() as c1, e2.client() as c2:
         assert c2.status()["cluster"]["version_lag"] == 0
