@@ -41,7 +41,7 @@ def _trained(tmp_path, **kw):
     settings = dataclasses.replace(
         TrainConfig(), lr=3e-3, swap_every_steps=1, swap_every_seconds=0.0,
         promotion_holdout_share=0.3, promotion_holdout_size=100, promotion_min_holdout=20,
-        promotion_margin=0.01, **kw)
+        promotion_margin=0.01, **{"promotion_holdout_after": 0, **kw})
     events = Recorder()
     trainer, serving = build_trainer(store, ModelConfig.tiny(), settings, seed=0,
                                      events=events)
@@ -100,6 +100,34 @@ def test_held_back_signals_are_scored_but_never_trained_on(tmp_path):
     in_replay = {context_fingerprint(e["context"], e.get("history")) for e in replayed}
     assert replayed and not (held & in_replay)
     store.close()
+
+
+def test_the_warm_up_holds_nothing_back_at_the_start_and_after_a_drift(tmp_path):
+    """`promotion_holdout_after`: the first signals of a state, and the first after a
+    detected drift, are all trained on; after them the gate holds back its share."""
+    store, trainer, _, _ = _trained(tmp_path, promotion_holdout_after=250)
+    held = list(trainer.promotion.ring)
+    assert held, "after the warm-up the gate holds back its share"
+    assert min(ex["seq"] for ex in held) > 250
+    replayed = {e["seq"] for e in store.reservoir_sample(10_000, np.random.default_rng(0))}
+    gate = trainer.promotion
+    early = [q for q in range(1, 251) if gate.holds({"seq": 400 + q, "fp": _fp(q)})]
+    assert early, "some of the first 250 would be held back without the warm-up"
+    assert set(early) <= replayed, "the warm-up's signals are trained on (in the reservoir)"
+
+    trainer._on_drift(380, 400)  # Page-Hinkley fired at signal 400
+    assert not trainer.promotion.ring, "the old policy's slice is dropped"
+    store.append_signals(_signals(400, start=400))
+    while trainer.status.last_trained_seq < 800:
+        trainer.train_on(store.read_signals(trainer.status.last_trained_seq, 32))
+    assert trainer.promotion.ring and min(ex["seq"] for ex in trainer.promotion.ring) > 650
+    store.close()
+
+
+def _fp(seq: int) -> bytes:
+    """The fingerprint of `_signals`'s signal number `seq` (1-based, as the store's)."""
+    sig = _signals(1, start=seq - 1)[0]
+    return context_fingerprint(sig["context"], sig.get("history"))
 
 
 def test_refusals_in_a_row_send_training_back_to_the_serving_weights(tmp_path):

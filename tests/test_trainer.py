@@ -164,7 +164,7 @@ def test_a_detected_drift_drops_stale_replay_and_is_reported(tmp_path):
     trainer.train_on(store.read_signals(0, 64))
     store.append_signals([_sig(f"http.request GET n{i}", "block") for i in range(5)])
     trainer.train_on(store.read_signals(21, 64))
-    trainer._on_drift(22)  # what Monitor.observe reports when Page-Hinkley fires
+    trainer._on_drift(22, 26)  # what Monitor.observe reports when Page-Hinkley fires
     contexts = {e["context"] for e in store.reservoir_sample(100, trainer.rng)}
     assert contexts == {"pkg.install reqeusts"} | {f"http.request GET n{i}" for i in range(5)}
     assert counts.drifts == [(22, 20)]

@@ -240,7 +240,7 @@ def test_the_wide_paths_hot_settings_reach_its_learner(tmp_path):
 def test_a_drift_relaxes_the_wide_path(tmp_path):
     store, trainer, _ = _trainer(tmp_path / "s", drift_wide_relax=0.5)
     trainer.opt.v[trainer.model.deep_size:] = 2.0
-    trainer._on_drift(1)
+    trainer._on_drift(1, 1)
     assert np.all(trainer.opt.v[trainer.model.deep_size:] == 1.0)
     store.close()
 

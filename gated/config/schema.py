@@ -185,6 +185,13 @@ class TrainConfig:
                                           "training (by call fingerprint) to judge each "
                                           "candidate before it is published; 0 = no "
                                           "promotion gate", lo=0.0, hi=0.5)
+    promotion_holdout_after: int = _opt(1000, "fresh signals learned in full before the gate "
+                                        "starts holding back, at the start of a state and "
+                                        "after a detected policy change: the ones a model "
+                                        "learns most from, while the gate has too few to "
+                                        "judge anyway (docs/learning.md, 'The promotion "
+                                        "gate's warm-up'); 0 = hold back from the first",
+                                        lo=0, hi=1_000_000_000)
     promotion_holdout_size: int = _opt(200, "newest held-back signals a candidate is judged "
                                        "on", lo=1, hi=100_000)
     promotion_min_holdout: int = _opt(50, "held-back signals needed before the gate judges "

@@ -118,7 +118,8 @@ class Trainer(GpuFallback, threading.Thread):
         self.promotion = PromotionGate(settings.promotion_holdout_share,
                                        settings.promotion_holdout_size,
                                        settings.promotion_margin,
-                                       settings.promotion_min_holdout)
+                                       settings.promotion_min_holdout,
+                                       settings.promotion_holdout_after)
         self._refusals = 0  # promotion refusals in a row
         self._deep_version = 0  # bumped whenever the transformer's weights change
         self._good = self._capture()
@@ -426,7 +427,7 @@ class Trainer(GpuFallback, threading.Thread):
                                          float(zi), float(pi), tool_of(ex["context"]),
                                          float(zdi) if self.wide is not None else 0.0)
             if began is not None:
-                self._on_drift(began)
+                self._on_drift(began, ex["seq"])
             p_label = float(pi) if ex["label"] >= 0.5 else 1.0 - float(pi)
             if ex.get("held"):
                 continue  # held back for the promotion gate: scored, never trained on
@@ -486,11 +487,13 @@ class Trainer(GpuFallback, threading.Thread):
         return replay, source_batch([(e["context"], e["history"]) for e in replay],
                                     self.model.cfg)
 
-    def _on_drift(self, began_seq: int) -> None:
-        """A policy change: stop replaying what the old policy labelled, relax EWC and
-        replay for `drift_adapt_signals` signals, tell the operator."""
+    def _on_drift(self, began_seq: int, seen_seq: int) -> None:
+        """A policy change (detected at signal `seen_seq`): stop replaying what the old
+        policy labelled, empty the promotion slice and hold nothing back for the next
+        `promotion_holdout_after` signals, relax EWC and replay for `drift_adapt_signals`
+        signals, tell the operator."""
         dropped = self.store.reservoir_forget_before(began_seq)
-        self.promotion.forget()
+        self.promotion.forget(seen_seq)
         if self.wide is not None:
             self.wide.relax(self.settings.drift_wide_relax)
         log.warning("drift: the serving model's error rate rose (Page-Hinkley); the change "

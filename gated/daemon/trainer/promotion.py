@@ -28,6 +28,15 @@ publications came every ~370 signals; measured, docs/learning.md).
 With fewer than `promotion_min_holdout` held-back examples the gate lets everything
 through (there is nothing to judge on yet). After a detected drift the slice is dropped:
 it holds the old policy's labels.
+
+Warm-up (`promotion_holdout_after`): the first signals of a state (seq up to it) and
+the first signals after a detected drift are never held back. Those are the signals a
+model learns most from -- the first examples of each rare block category, the first of
+a new policy -- and while the slice is smaller than `promotion_min_holdout` the gate
+judges nothing, so holding them back cost learning and bought no judgement (measured:
+docs/learning.md, "The promotion gate's warm-up"). A call learned during the warm-up
+and seen again after it may be held back then: its later copies judge a candidate that
+has learned it, at 98% distinct contexts a handful of examples of the slice.
 """
 
 from __future__ import annotations
@@ -66,8 +75,12 @@ class PromotionDecision:
 class PromotionGate:
     """Held-back slice + the comparison. `share` 0 or `size` 0 turns the gate off."""
 
-    def __init__(self, share: float, size: int, margin: float, min_examples: int) -> None:
+    def __init__(self, share: float, size: int, margin: float, min_examples: int,
+                 warmup: int = 0) -> None:
         self.share, self.margin, self.min_examples = share, margin, min_examples
+        self.warmup = warmup
+        #: signals up to this seq are never held back (the warm-up, see the module doc)
+        self.hold_after_seq = warmup
         self.ring: deque[dict] = deque(maxlen=max(1, size))
         self.size = size
         self.last: PromotionDecision | None = None
@@ -88,8 +101,9 @@ class PromotionGate:
 
     def holds(self, example: dict) -> bool:
         """Is this fresh example held back? Corrections never are (a person's label is
-        always trained on); the rest by fingerprint, stably."""
-        if not self.enabled or example.get("feedback") in CORRECTIONS:
+        always trained on), nor signals of the warm-up; the rest by fingerprint, stably."""
+        if (not self.enabled or example.get("feedback") in CORRECTIONS
+                or example["seq"] <= self.hold_after_seq):
             return False
         bucket = int.from_bytes(example["fp"][:4], "little") % 10_000
         return bucket < self.share * 10_000
@@ -109,9 +123,11 @@ class PromotionGate:
         if changed:
             self._gen += 1
 
-    def forget(self) -> None:
-        """A drift: the slice's labels are the old policy's."""
+    def forget(self, seen_seq: int) -> None:
+        """A drift detected at signal `seen_seq`: the slice's labels are the old policy's;
+        the next `warmup` signals are all learned (the new policy's first)."""
         self.ring.clear()
+        self.hold_after_seq = max(self.hold_after_seq, seen_seq + self.warmup)
         self._gen += 1
 
     def due(self, step: int | None = None, serving: Any = None) -> bool:
