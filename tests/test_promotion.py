@@ -124,6 +124,14 @@ def test_the_warm_up_holds_nothing_back_at_the_start_and_after_a_drift(tmp_path)
     store.close()
 
 
+def test_during_the_warm_up_the_operator_is_told_why_nothing_is_judged(tmp_path):
+    store, trainer, _, events = _trained(tmp_path, promotion_holdout_after=1000)
+    assert not trainer.promotion.ring
+    reason = events.decisions[-1]["reason"]
+    assert "not judged" in reason and "up to signal 1000" in reason, reason
+    store.close()
+
+
 def _fp(seq: int) -> bytes:
     """The fingerprint of `_signals`'s signal number `seq` (1-based, as the store's)."""
     sig = _signals(1, start=seq - 1)[0]

@@ -159,9 +159,11 @@ class PromotionGate:
         on the slice; record and return the decision."""
         n = len(self.ring)
         if not self.enabled or n < self.min_examples:
+            warm = (f"; nothing is held back up to signal {self.hold_after_seq} (the "
+                    "warm-up: promotion_holdout_after)" if self.hold_after_seq > 0 else "")
             self.last = PromotionDecision(True, float("nan"), float("nan"), n,
                                           f"fewer than {self.min_examples} held-back "
-                                          "examples: not judged")
+                                          f"examples: not judged{warm}")
             return self.last
         t0 = self.clock()
         sources, labels, seqs = self._slice(model.cfg)
