@@ -37,11 +37,12 @@ def _signals(n: int, start: int = 0) -> list[dict]:
 
 
 def _trained(tmp_path, **kw):
+    kw.setdefault("promotion_holdout_after", 0)  # hold back from the first signal
     store = Store(tmp_path / "state")
     settings = dataclasses.replace(
         TrainConfig(), lr=3e-3, swap_every_steps=1, swap_every_seconds=0.0,
         promotion_holdout_share=0.3, promotion_holdout_size=100, promotion_min_holdout=20,
-        promotion_margin=0.01, **{"promotion_holdout_after": 0, **kw})
+        promotion_margin=0.01, **kw)
     events = Recorder()
     trainer, serving = build_trainer(store, ModelConfig.tiny(), settings, seed=0,
                                      events=events)
