@@ -76,6 +76,9 @@ VARIANTS = {
     "v2-pair-init-0.3": {"wide_pair_init": 0.3},
     # the history as a veto, c = 2 (docs/learning.md, "The history as a veto"; not kept)
     "v2-veto-2": {"wide_pair_veto": 2.0},
+    # the raw pair term, before it was bounded to speak only for "block" (docs/learning.md,
+    # "The history speaks only for block")
+    "v2-raw-pair": {"wide_pair_block_only": False},
     "v2-deep": {"wide_buckets": 0},  # format 2, transformer only
     "v1-deep": {"source_format": 1, "wide_buckets": 0},  # the encoding before the change
 }

@@ -216,15 +216,20 @@ def test_wide_and_segment_gradients_at_the_entries_a_batch_touches():
     assert rel_error(np.array([model.grads["seg_emb"][i] for i in idx]), num) < TOL
 
 
-@pytest.mark.parametrize(("pool", "veto"), [(0.0, 0.0), (0.5, 0.0), (0.5, 2.0)])
-def test_pair_term_gradients_at_the_rows_a_batch_touches(pool: float, veto: float):
+@pytest.mark.parametrize(("pool", "veto", "block_only"),
+                         [(0.0, 0.0, False), (0.5, 0.0, False), (0.5, 2.0, False),
+                          (0.5, 0.0, True), (0.0, 2.0, True)])
+def test_pair_term_gradients_at_the_rows_a_batch_touches(pool: float, veto: float,
+                                                         block_only: bool):
     """The call x history pair term (engine/wide.py `pair_logit`, its history keys summed
     or pooled by a soft minimum, added to the linear logit or a veto): its two factor
     tables' gradients, from the joint loss's backward, against central differences at
     every row the batch touches; rows it does not touch get exactly 0. With a veto the
-    linear weights' gradient changes too (`veto_combine`): checked as well."""
+    linear weights' gradient changes too (`veto_combine`): checked as well; so is the pair
+    term bounded to speak only for "block" (`wide_pair_block_only`)."""
     model = _random_model(8, dataclasses.replace(ModelConfig.tiny(), wide_pair_pool=pool,
-                                                 wide_pair_veto=veto))
+                                                 wide_pair_veto=veto,
+                                                 wide_pair_block_only=block_only))
     read = 'fs.read {"path": "/home/a/src/p/%s"}'
     examples = [
         {"context": 'http.request {"method": "POST", "url": "https://x.io/a"}',

@@ -371,24 +371,31 @@ def test_pair_gradient_matches_central_differences(pool: float, entries: list | 
     np.testing.assert_allclose(learner.pair[1][c_rows], 0.5 * g_u ** 2, rtol=1e-9)
 
 
-@pytest.mark.parametrize("veto", [2.0, 0.5])
-def test_the_history_as_a_veto_has_exact_gradients(veto: float):
+@pytest.mark.parametrize(("veto", "block_only"),
+                         [(2.0, False), (0.5, False), (0.0, True), (2.0, True)])
+def test_the_history_as_a_veto_has_exact_gradients(veto: float, block_only: bool):
     """`wide_pair_veto` (engine/wide.py `veto_combine`): sigmoid(z_wide) = sigmoid(linear)
-    sigmoid(veto + pair), written out here as a probability product; the learner's logit
+    sigmoid(veto + pair), written out here as a probability product (veto 0: the sum),
+    the pair term bounded to log(2 sigmoid(pair)) with `block_only`; the learner's logit
     and its gradients with respect to W, U and V against central differences (float64)."""
     rng = np.random.default_rng(8)
     w, g2 = rng.normal(size=32), np.zeros(32)
     u_tab, v_tab = rng.normal(size=(16, 3)), rng.normal(size=(16, 3))
     learner = WideAdaGrad(w, g2, scale=1.3, l2=1e-3, pool=0.5, veto=veto,
-                          pair=(u_tab, np.zeros_like(u_tab), v_tab, np.zeros_like(v_tab)))
+                          pair=(u_tab, np.zeros_like(u_tab), v_tab, np.zeros_like(v_tab)),
+                          block_only=block_only)
     idx, val = np.array([0, 4, 7, 4]), rng.normal(size=4)
     pair = (np.array([2, 5]), np.array([0.6, 0.8]), np.array([1, 9, 1, 12]),
             np.array([1.0, 1.0, 0.5, 1.0]), np.array([0, 0, 1, 2]))
     z_rest, label, weight = 0.3, 0.0, 3.0
 
     def z_of() -> float:
-        q = (1 / (1 + np.exp(-float(w[idx] @ val)))
-             / (1 + np.exp(-(veto + _pair_reference(u_tab, v_tab, pair, 0.5)))))
+        z_pair = _pair_reference(u_tab, v_tab, pair, 0.5)
+        if block_only:
+            z_pair = np.log(2 / (1 + np.exp(-z_pair)))
+        if not veto:
+            return z_rest + 1.3 * (float(w[idx] @ val) + z_pair)
+        q = (1 / (1 + np.exp(-float(w[idx] @ val))) / (1 + np.exp(-(veto + z_pair))))
         return z_rest + 1.3 * float(np.log(q / (1 - q)))
 
     def loss() -> float:
@@ -425,6 +432,29 @@ def test_veto_combine_is_the_sum_without_a_veto_and_stable_with_one():
     assert z32.dtype == np.float32 and all(np.all(np.isfinite(t)) for t in (z32, da32, dp32))
 
 
+def test_the_bounded_pair_term_speaks_only_for_block():
+    """`veto_combine(..., block_only=True)`: the pair term p becomes log(2 sigmoid(p)):
+    exactly 0 for a silent history (a row without keys adds nothing), never above log 2
+    however sure the history is of "allow", p + log 2 when it says "block", finite and
+    in the input's dtype for any size; its derivative is sigmoid(-p), vanishing for a
+    history that says "allow" (an allowed call stops teaching it)."""
+    a = np.zeros(6)
+    p = np.array([0.0, 3.0, 800.0, -5.0, -800.0, -0.5])
+    z, d_lin, d_pair = veto_combine(a, p, 0.0, np, block_only=True)
+    assert z[0] == 0.0 and np.all(z <= np.log(2.0)) and z[2] == pytest.approx(np.log(2.0))
+    np.testing.assert_allclose(z, np.log(2.0) - np.logaddexp(0.0, -p), rtol=1e-12)
+    assert z[4] == pytest.approx(-800.0 + np.log(2.0))
+    with np.errstate(over="ignore"):
+        np.testing.assert_allclose(d_pair, 1 / (1 + np.exp(p)), rtol=1e-12)  # sigmoid(-p)
+    assert d_pair[2] < 1e-300 and d_pair[4] == 1.0
+    assert d_lin == 1.0
+    z32, _, d32 = veto_combine(a.astype(np.float32), p.astype(np.float32), 0.0, np, True)
+    assert z32.dtype == d32.dtype == np.float32 and np.all(np.isfinite(z32))
+    zv, _, dv = veto_combine(a, p, 2.0, np, block_only=True)  # the bound, then the veto
+    np.testing.assert_allclose(zv, veto_combine(a, z, 2.0)[0], rtol=1e-12)
+    np.testing.assert_allclose(dv, veto_combine(a, z, 2.0)[2] * d_pair, rtol=1e-12)
+
+
 def test_the_soft_minimum_follows_the_key_that_speaks_for_block():
     """`pair_logit` with pool tau: between the lowest key's score and the mean, near the
     lowest for a small tau; a row without history keys (padding only) gives exactly 0 and
@@ -446,14 +476,17 @@ def test_the_soft_minimum_follows_the_key_that_speaks_for_block():
         s[0].sum())
 
 
-@pytest.mark.parametrize(("pool", "veto"), [(0.0, 0.0), (0.5, 0.0), (0.5, 2.0)])
-def test_the_learner_and_the_model_give_the_same_wide_logit(pool: float, veto: float):
+@pytest.mark.parametrize(("pool", "veto", "block_only"),
+                         [(0.0, 0.0, False), (0.5, 0.0, False), (0.5, 2.0, False),
+                          (0.5, 0.0, True), (0.5, 2.0, True)])
+def test_the_learner_and_the_model_give_the_same_wide_logit(pool: float, veto: float,
+                                                            block_only: bool):
     """WideAdaGrad (one signal, host) and the model's forward (a batch, padded) compute the
     same wide logit, the pair term pooled alike -- also when two of a signal's history keys
     share a bucket (a tiny table makes that happen): the learner must not merge them
     before pooling, or it would train a different function from the one that serves."""
     cfg = dataclasses.replace(ModelConfig.tiny(), wide_pair_buckets=4, wide_pair_pool=pool,
-                              wide_pair_veto=veto)
+                              wide_pair_veto=veto, wide_pair_block_only=block_only)
     model = Model.init(cfg, seed=2, dtype="float64")
     rng = np.random.default_rng(2)
     for name in ("wide.w", "wide.pair_call", "wide.pair_hist"):

@@ -88,6 +88,12 @@ class ModelConfig:
     #: being how sure an unremarkable history is of "allow" (docs/learning.md, "The
     #: history as a veto").
     wide_pair_veto: float = 0.0
+    #: The pair term speaks only for "block" (engine/wide.py `veto_combine`): the history
+    #: term is log(2 sigmoid(pair)), 0 for an unremarkable history, at most log 2 for one
+    #: the gate has seen only in allowed sessions, and the pair itself when it says
+    #: "block". A session's earlier calls make a call suspicious; they do not vouch for it
+    #: (docs/learning.md, "The history speaks only for block"). False: the raw pair term.
+    wide_pair_block_only: bool = True
 
     def __post_init__(self) -> None:
         if self.d_model % self.n_heads != 0:

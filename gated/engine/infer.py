@@ -129,7 +129,7 @@ class InferencePlan:
             feats = {k: np.asarray(sources[k])
                      for k in wide_feature_keys(sources, "wide.pair_call" in self.wide)}
             z += wide_logit_host(self._take, feats, cfg.wide_scale, cfg.wide_pair_pool,
-                                 cfg.wide_pair_veto)
+                                 cfg.wide_pair_veto, cfg.wide_pair_block_only)
         return z
 
     def _take(self, name: str, idx: np.ndarray) -> np.ndarray:

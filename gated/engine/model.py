@@ -134,7 +134,8 @@ class Model:
         keys = wide_feature_keys(sources, "wide.pair_call" in P)
         return wide_logit_host(take, {k: np.asarray(self.ops.to_numpy(sources[k]))
                                       for k in keys}, self.cfg.wide_scale,
-                               self.cfg.wide_pair_pool, self.cfg.wide_pair_veto)
+                               self.cfg.wide_pair_pool, self.cfg.wide_pair_veto,
+                               self.cfg.wide_pair_block_only)
 
     def decay_mask(self) -> np.ndarray:
         return decay_mask(self.layout)
@@ -173,7 +174,8 @@ class Model:
         Each pool is a masked mean over its segment (an empty history pools to zeros).
         The wide logit is wide_scale * `veto_combine`(sum_k val_k w[idx_k] over hashed
         n-grams and the structured features, the call x history pair term `pair_logit`):
-        their sum, or with `wide_pair_veto` the history as a veto."""
+        their sum, or with `wide_pair_veto` the history as a veto; with
+        `wide_pair_block_only` the pair term bounded to speak only for "block"."""
         ops, xp, P = self.ops, self.ops.xp, self.params
         p_call, d_call = ops.mean_pool(enc, call_mask)
         p_hist, d_hist = ops.mean_pool(enc, hist_mask)
@@ -187,8 +189,8 @@ class Model:
                 z_pair, u, v_eff, hw = pair_logit(P["wide.pair_call"][c_idx], c_val,
                                                   P["wide.pair_hist"][h_idx], h_val,
                                                   self.cfg.wide_pair_pool, xp, h_grp)
-                z_wide, d_lin, d_pair = veto_combine(z_wide, z_pair,
-                                                     self.cfg.wide_pair_veto, xp)
+                z_wide, d_lin, d_pair = veto_combine(z_wide, z_pair, self.cfg.wide_pair_veto,
+                                                     xp, self.cfg.wide_pair_block_only)
                 sides = (u, v_eff, hw, d_lin, d_pair)
             z = z + self.cfg.wide_scale * z_wide
         return z, pooled, (d_call, d_hist), sides

@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 import posixpath
 import re
 from collections.abc import Sequence
@@ -326,13 +327,26 @@ def pair_logit(call_rows, call_val, hist_rows, hist_val, pool: float = 0.0, xp=n
     return z, u, (hw[:, :, None] * hist_rows).sum(axis=1), hw
 
 
-def veto_combine(z_lin, z_pair, veto: float, xp=np):
+#: a Python float (weak in NumPy's promotion: a float32 logit stays float32)
+_LOG2 = math.log(2.0)
+
+
+def veto_combine(z_lin, z_pair, veto: float, xp=np, block_only: bool = False):
     """The wide logit from its linear part and its pair term, with the history as a veto.
 
-    `veto` = 0: z = z_lin + z_pair, the sum (dz/dz_lin = dz/dz_pair = 1).
+    `block_only` first bounds the pair term from above: p = log(2 sigmoid(z_pair)) (0 at
+    z_pair = 0, below log 2 always, ~ z_pair + log 2 when it says "block"), dp/dz_pair =
+    sigmoid(-z_pair). Why (docs/learning.md, "The history speaks only for block"): a
+    session's earlier calls are evidence against a call (a secret read before a mail),
+    hardly for it; with the raw term, every allowed mail after ordinary reads pushes the
+    mail's factor towards "allow" along those reads, which wears down what it learned
+    about secrets, and an allowed twin's history can outvote its call. Bounded, the term
+    stops learning from allowed calls once it is silent for them. Then:
+
+    `veto` = 0: z = z_lin + p, the sum (dz/dz_lin = dz/dp = 1).
     `veto` = c > 0: the noisy-OR of two reasons to block,
     sigmoid(z) = sigmoid(a) sigmoid(b), a = z_lin (the call judged on its own), b = c +
-    z_pair (its history: c is how sure an unremarkable history is of "allow"), so
+    p (its history: c is how sure an unremarkable history is of "allow"), so
     z = log sigmoid(a) + log sigmoid(b) - log(1 - sigmoid(a) sigmoid(b)),
     dz/da = sigmoid(-a) / (1 - q) and dz/db = sigmoid(-b) / (1 - q), q = sigmoid(a)
     sigmoid(b). Why (docs/learning.md, "The history as a veto"): with a sum, a block the
@@ -341,14 +355,18 @@ def veto_combine(z_lin, z_pair, veto: float, xp=np):
     under the noisy-OR an allowed call teaches each factor "allow" on its own, and a block
     goes to the factor least sure of "allow" (explaining away).
     Returns (z, dz/dz_lin, dz/dz_pair), computed in log space (stable for any logits)."""
+    d_bound = 1.0
+    if block_only:
+        d_bound = xp.exp(-xp.logaddexp(0.0, z_pair))  # sigmoid(-z_pair)
+        z_pair = _LOG2 - xp.logaddexp(0.0, -z_pair)  # log(2 sigmoid(z_pair))
     if not veto:
-        return z_lin + z_pair, 1.0, 1.0  # the default: no derivative arrays to build
+        return z_lin + z_pair, 1.0, d_bound  # the sum: no derivative arrays to build
     a, b = z_lin, veto + z_pair
     log_q = -(xp.logaddexp(0.0, -a) + xp.logaddexp(0.0, -b))  # log sigmoid(a) sigmoid(b)
     log_q = xp.minimum(log_q, -np.finfo(log_q.dtype).tiny)  # q < 1: 1 - q > 0 (any dtype)
     log_1mq = xp.log(-xp.expm1(log_q))
     return (log_q - log_1mq, xp.exp(-xp.logaddexp(0.0, a) - log_1mq),
-            xp.exp(-xp.logaddexp(0.0, b) - log_1mq))
+            xp.exp(-xp.logaddexp(0.0, b) - log_1mq) * d_bound)
 
 
 def wide_table(params: dict, name: str):
@@ -358,9 +376,9 @@ def wide_table(params: dict, name: str):
 
 
 def wide_logit_host(take, feats: dict, scale: float, pool: float = 0.0,
-                    veto: float = 0.0) -> np.ndarray:
+                    veto: float = 0.0, block_only: bool = False) -> np.ndarray:
     """The wide path's logit [B] in float64 on the host: scale * `veto_combine`(sum_k
-    val_k w[idx_k], pair_logit pooled by `pool`, `veto`). `take(name, idx)` returns the
+    val_k w[idx_k], pair_logit pooled by `pool`, `veto`, `block_only`). `take(name, idx)` returns the
     rows of the wide table `name` at `idx` as host float64 (the model gathers on its
     backend and copies only those; the inference plan reads its own copies), `feats` the
     batch's wide features as host arrays."""
@@ -369,7 +387,7 @@ def wide_logit_host(take, feats: dict, scale: float, pool: float = 0.0,
         c_idx, c_val, h_idx, h_val, h_grp = (feats[k] for k in PAIR_KEYS)
         z = veto_combine(z, pair_logit(take("wide.pair_call", c_idx), c_val,
                                        take("wide.pair_hist", h_idx), h_val, pool, np,
-                                       h_grp)[0], veto)[0]
+                                       h_grp)[0], veto, np, block_only)[0]
     return scale * z
 
 

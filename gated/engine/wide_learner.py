@@ -23,7 +23,8 @@ class WideAdaGrad:
     of the gate's logit `z_rest` (the transformer's, held fixed), label y and weight w_i:
 
         z = z_rest + scale * z_wide, z_wide, d_lin, d_pair = veto_combine(sum_k val_k
-            W[idx_k], z_pair, veto) (the sum when veto = 0: d_lin = d_pair = 1),
+            W[idx_k], z_pair, veto, block_only) (the sum when veto = 0: d_lin = 1, and
+            d_pair = 1 unless the pair term is bounded, `block_only`),
             z_pair, u, v_eff, hw = pair_logit(U[c], cv, V[h], hv, pool, hist_grp=entry)
         dz = w_i (sigmoid(z) - y)
         dL/dW[j] = dz * scale * d_lin * sum_{k: idx_k = j} val_k  (+ l2 W[j])
@@ -38,7 +39,7 @@ class WideAdaGrad:
     def __init__(self, weights, accum, *, scale: float, lr: float = 0.5, l2: float = 1e-5,
                  eps: float = 1e-8, xp=np, pair=None, pair_lr: float = 0.1,
                  pool: float = 0.0, veto: float = 0.0, pair_l2: float | None = None,
-                 pair_first: bool = False) -> None:
+                 pair_first: bool = False, block_only: bool = False) -> None:
         self.w, self.g2, self.scale, self.xp = weights, accum, scale, xp
         self.lr, self.l2, self.eps = lr, l2, eps
         #: the pair tables' own L2 (None: `l2`)
@@ -48,6 +49,8 @@ class WideAdaGrad:
         self.pair, self.pair_lr, self.pool = pair, pair_lr, pool
         #: the pair term combined with the linear logit as a veto (`veto_combine`), or summed
         self.veto = veto
+        #: the pair term bounded to speak only for "block" (`veto_combine`)
+        self.block_only = block_only
         #: `learn` steps the pair term first and the linear weights on what is left (below)
         self.pair_first = pair_first
 
@@ -62,7 +65,8 @@ class WideAdaGrad:
                     model.params["wide.pair_hist"], acc["wide.pair_hist"])
         return cls(model.params["wide.w"][0], acc["wide.w"][0], scale=model.cfg.wide_scale,
                    xp=model.ops.xp, pair=pair, pool=model.cfg.wide_pair_pool,
-                   veto=model.cfg.wide_pair_veto if pair is not None else 0.0, **kw)
+                   veto=model.cfg.wide_pair_veto if pair is not None else 0.0,
+                   block_only=model.cfg.wide_pair_block_only and pair is not None, **kw)
 
     def gradient(self, idx: np.ndarray, val: np.ndarray, z_rest: float, label: float,
                  weight: float, pair=None) -> tuple[np.ndarray, np.ndarray, float]:
@@ -140,7 +144,8 @@ class WideAdaGrad:
                 rank = c_now.shape[1]
                 u, v_eff, hw = np.zeros((1, rank)), np.zeros((1, rank)), np.zeros((1, len(h_val)))
         z_wide, d_lin, d_pair = (float(t) for t in veto_combine(
-            np.float64(z_lin), np.float64(z_pair), self.veto if sides else 0.0))
+            np.float64(z_lin), np.float64(z_pair), self.veto if sides else 0.0, np,
+            self.block_only and bool(sides)))
         z = z_rest + self.scale * z_wide
         dz = weight * (0.5 * (1.0 + np.tanh(0.5 * z)) - label)
         out = {"idx": idx, "d_idx": d_idx, "w_now": w_now, "z": z,
