@@ -378,8 +378,8 @@ def wide_table(params: dict, name: str):
 def wide_logit_host(take, feats: dict, scale: float, pool: float = 0.0,
                     veto: float = 0.0, block_only: bool = False) -> np.ndarray:
     """The wide path's logit [B] in float64 on the host: scale * `veto_combine`(sum_k
-    val_k w[idx_k], pair_logit pooled by `pool`, `veto`, `block_only`). `take(name, idx)` returns the
-    rows of the wide table `name` at `idx` as host float64 (the model gathers on its
+    val_k w[idx_k], pair_logit pooled by `pool`, `veto`, `block_only`). `take(name, idx)`
+    returns the rows of the wide table `name` at `idx` as host float64 (the model gathers on its
     backend and copies only those; the inference plan reads its own copies), `feats` the
     batch's wide features as host arrays."""
     z = (take("wide.w", feats["wide_idx"]) * feats["wide_val"]).sum(axis=1)
