@@ -37,6 +37,7 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[_var] = str(THREADS)
 
 import argparse  # noqa: E402
+import dataclasses  # noqa: E402
 import datetime as dt  # noqa: E402
 import io  # noqa: E402
 import platform  # noqa: E402
@@ -186,6 +187,8 @@ def run_preset(preset: str, steps: int, warmup: int, attn_impl: str,
                use_torch: bool) -> dict[str, Any]:
     """Warm up, then time `steps` interleaved steps of each side; returns a result row."""
     cfg = ModelConfig.preset(preset)
+    if use_torch:  # bench/torch_ref.py has no wide path: both sides run the same model
+        cfg = dataclasses.replace(cfg, wide_buckets=0)
     # A preset shorter than 128 (tiny: 32) gets the same mix scaled to its max_seq_len, so
     # its batch is padded too rather than every source cut to the same length.
     batch = build_batch(realistic_examples(16, min(128, cfg.max_seq_len),

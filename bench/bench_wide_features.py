@@ -23,6 +23,9 @@ daemon's wide path is at best) for each setting of
   -1: the linear weights' L2), ``known``, ``sensitive`` and ``egress``:
   `ModelConfig.wide_known_names`, `wide_sensitive_files`, `wide_egress_calls` (12th-14th,
   default 0 each: the marks of docs/learning.md, "Known names" and "Egress calls"),
+  ``block``: `ModelConfig.wide_pair_block_only` (15th, default 1, the daemon's: the pair
+  term bounded to speak only for "block"; 0 = the raw term, as every table before
+  docs/learning.md "The history speaks only for block"),
 
 with features built by the daemon's own `source_batch`, beside the anchor (bench/anchor.py)
 on the same signals, and prints: how many 500-signal checkpoints it is ahead of the anchor
@@ -50,6 +53,9 @@ read in the window -- and their allow twins apart).
     .venv/bin/python bench/bench_wide_features.py --seeds 0 1 2 3 4 5 --signals 5500 \
         --switch-at 4000 --grid 0.3,0.3,1e-3,8,0.1,0.5,1,0.5,0.1,0,-1,1,2,0 \
         0.3,0.3,1e-3,8,0.1,0.5,1,0.5,0.1,0,-1,1,2,1         # the egress mark (kept)
+    .venv/bin/python bench/bench_wide_features.py --seeds 0 1 2 3 4 5 --signals 10000 \
+        --switch-at 4000 --grid 0.3,0.3,1e-3,8,0.1,0.5,1,0.5,0.1,0,-1,1,2,1,0 \
+        0.3,0.3,1e-3,8,0.1,0.5,1,0.5,0.1,0,-1,1,2,1,1    # the history only for block (kept)
 """
 
 from __future__ import annotations
@@ -85,7 +91,7 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
            pair_lr: float = 0.1, pool: float = 0.5, shapes: float = 0.0, lr: float = 0.5,
            pair_init: float = 0.1, veto: float = 0.0, pair_l2: float = -1.0,
            known: float = 0.0, sensitive: float = 0.0, egress: float = 0.0,
-           pair_first: bool = False) -> dict:
+           pair_first: bool = False, block_only: bool = True) -> dict:
     """One setting's run; `lag` > 1 scores each signal with weights that have not yet
     learned the previous `lag` - 1 (updates applied in groups of `lag`), as the daemon's
     trainer scores a step's arrivals with the weights published before them. `pair_rank`
@@ -97,7 +103,7 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
                               wide_pair_pool=pool, wide_call_shapes=shapes,
                               wide_pair_init=pair_init, wide_pair_veto=veto,
                               wide_known_names=known, wide_sensitive_files=sensitive,
-                              wide_egress_calls=egress)
+                              wide_egress_calls=egress, wide_pair_block_only=block_only)
 
     def feats(context: str, history: list[str] | None) -> tuple:
         b = source_batch([(context, history)], cfg)
@@ -162,7 +168,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--grid", nargs="+", default=DEFAULT_GRID,
                     metavar="WORDS,CROSS,L2[,PAIR_RANK[,PAIR_LR[,POOL[,SHAPES[,LR[,INIT[,VETO"
-                    "[,PAIR_L2[,KNOWN[,SENSITIVE[,EGRESS]]]]]]]]]]]")
+                    "[,PAIR_L2[,KNOWN[,SENSITIVE[,EGRESS[,BLOCK]]]]]]]]]]]]")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--signals", type=int, default=12000)
     ap.add_argument("--switch-at", type=int, default=4000)
@@ -185,23 +191,23 @@ def main() -> None:
     for spec in a.grid:
         fields = [float(x) for x in spec.split(",")]
         words, cross, l2 = fields[:3]
-        defaults = (0, 0.1, 0.5, 0.0, 0.5, 0.1, 0.0, -1.0, 0.0, 0.0, 0.0)  # rank, pair_lr,
-        rank, pair_lr, pool, shapes, lr, init, veto, pair_l2, known, sens, egress = (  # pool,
-            fields[3 + k] if len(fields) > 3 + k else d  # shapes, lr, init, veto, pair_l2,
-            # known, sens, egress
+        defaults = (0, 0.1, 0.5, 0.0, 0.5, 0.1, 0.0, -1.0, 0.0, 0.0, 0.0, 1.0)  # rank,
+        rank, pair_lr, pool, shapes, lr, init, veto, pair_l2, known, sens, egress, block = (
+            fields[3 + k] if len(fields) > 3 + k else d  # pair_lr, pool, shapes, lr, init,
+            # veto, pair_l2, known, sens, egress, block
             for k, d in enumerate(defaults))
         rank = int(rank)
         for seed in a.seeds:
             r = replay(words, cross, l2, seed, a.signals, a.switch_at, a.probes, points, a.lag,
                        rank, pair_lr, pool, shapes, lr, init, veto, pair_l2, known, sens,
-                       egress, a.pair_first)
+                       egress, a.pair_first, bool(block))
             p0, p1 = (r["at"][p] for p in points)
 
             def pair(k: str, p0=p0, p1=p1) -> str:
                 return f"{p0[k]:.3f} / {p1[k]:.3f}"
             print(f"| {words:g} | {cross:g} | {l2:g} | {rank}, {pair_lr:g}, {pool:g} | "
                   f"{shapes:g} | {lr:g}, {init:g}, {veto:g}, {pair_l2:g}, {known:g}, {sens:g}, "
-                  f"{egress:g} | "
+                  f"{egress:g}, {block:g} | "
                   f"{seed} | "
                   f"{r['ahead']}/{r['checks']} | "
                   f"{r['mean']:+.4f} / {r['worst']:+.3f} / {r['first']:+.3f} | {pair('unseen')} | "
