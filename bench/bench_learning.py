@@ -63,7 +63,7 @@ VARIANTS = {
     # the sensitive-file marks at 2.0 without the egress mark (docs/learning.md)
     "v2-sensitive-2": {"wide_sensitive_files": 2.0, "wide_egress_calls": 0.0},
     # ... and the egress mark on the pair term's call side (docs/learning.md, "Egress calls";
-    # the default since 2026-11-24, afternoon: these values spelled out)
+    # the default from 2026-11-24, afternoon, to 2026-11-25: these values spelled out)
     "v2-egress": {"wide_sensitive_files": 2.0, "wide_egress_calls": 1.0},
     "v2-no-egress": {"wide_egress_calls": 0.0},  # ... without the egress mark
     # the marks as before that afternoon (sensitive files at 1.0, no egress mark)

@@ -63,9 +63,10 @@ class ModelConfig:
     wide_known_names: float = 1.0
     #: ... and, per argument, a mark of this value when it names a file that holds
     #: credentials by convention (engine/known_names.py `sensitive_file`), and a key of this
-    #: value for such a file in the pair term's history (0 = none; 2.0: louder is learned
-    #: sooner, measured in docs/learning.md, "Egress calls").
-    wide_sensitive_files: float = 2.0
+    #: value for such a file in the pair term's history (0 = none; louder is learned
+    #: sooner: 2.0 in docs/learning.md, "Egress calls", 4.0 since "The sensitive-file marks
+    #: at 4", where 2 / 3 / 4 / 6 / 8 were swept on six seeds).
+    wide_sensitive_files: float = 4.0
     #: ... and a key of this value on the pair term's call side when the call can carry
     #: data out (engine/known_names.py `egress_call`: an HTTP body, mail, an upload), so
     #: the channels share what they learn about the history (0 = none; docs/learning.md).
