@@ -56,6 +56,9 @@ read in the window -- and their allow twins apart).
     .venv/bin/python bench/bench_wide_features.py --seeds 0 1 2 3 4 5 --signals 10000 \
         --switch-at 4000 --grid 0.3,0.3,1e-3,8,0.1,0.5,1,0.5,0.1,0,-1,1,2,1,0 \
         0.3,0.3,1e-3,8,0.1,0.5,1,0.5,0.1,0,-1,1,2,1,1    # the history only for block (kept)
+    .venv/bin/python bench/bench_wide_features.py --seeds 0 1 2 3 4 5 --signals 10000 \
+        --switch-at 4000 --every 500 --grid 0.3,0.3,1e-3,8,0.1,0.5,1,0.5,0.1,0,-1,1,2,1,1 \
+        0.3,0.3,1e-3,8,0.1,0.5,1,0.5,0.1,0,-1,1,4,1,1    # the sensitive marks at 4 (kept)
 """
 
 from __future__ import annotations
@@ -91,13 +94,15 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
            pair_lr: float = 0.1, pool: float = 0.5, shapes: float = 0.0, lr: float = 0.5,
            pair_init: float = 0.1, veto: float = 0.0, pair_l2: float = -1.0,
            known: float = 0.0, sensitive: float = 0.0, egress: float = 0.0,
-           pair_first: bool = False, block_only: bool = True) -> dict:
+           pair_first: bool = False, block_only: bool = True, every: int = 0) -> dict:
     """One setting's run; `lag` > 1 scores each signal with weights that have not yet
     learned the previous `lag` - 1 (updates applied in groups of `lag`), as the daemon's
     trainer scores a step's arrivals with the weights published before them. `pair_rank`
     > 0 adds the call x history pair term (its tables initialised as the daemon's), its
     history keys pooled by `pool`; `shapes` is the argument shapes' norm, `lr` AdaGrad's
-    rate for the linear weights and `pair_init` the pair tables' initial scale."""
+    rate for the linear weights and `pair_init` the pair tables' initial scale. `every` > 0
+    also probes at every `every` signals (the daemon's checkpoints: how many of them reach
+    0.90, in "curve")."""
     cfg = dataclasses.replace(ModelConfig.preset("flint"), wide_call_words=words,
                               wide_history_cross=cross, wide_pair_rank=pair_rank,
                               wide_pair_pool=pool, wide_call_shapes=shapes,
@@ -145,7 +150,7 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
         if len(pending) >= lag:
             flush()
         anchor.learn(text, y, w)
-        if i + 1 in points:
+        if i + 1 in points or (every and (i + 1) % every == 0):
             flush()  # probes see everything streamed so far
             unseen = probe_src.probes(probes, seed + 1000)
             zu, yu = z_of(unseen), np.array([e.true_allow for e in unseen])
@@ -160,8 +165,11 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
                                               < 0)}
     g = np.array([np.mean(right_w[j - CHECK:j]) for j in range(CHECK, len(right_w) + 1, CHECK)])
     a = np.array([np.mean(right_a[j - CHECK:j]) for j in range(CHECK, len(right_a) + 1, CHECK)])
+    curve = {k: np.array([at[p][k] for p in sorted(at) if every and p % every == 0])
+             for k in ("unseen", "recall", "history")}
     return {"ahead": int(np.sum(g > a)), "checks": len(g), "mean": float(np.mean(g - a)),
-            "worst": float(np.min(g - a)), "first": float(g[0] - a[0]), "at": at}
+            "worst": float(np.min(g - a)), "first": float(g[0] - a[0]), "at": at,
+            "curve": curve}
 
 
 def main() -> None:
@@ -174,6 +182,10 @@ def main() -> None:
     ap.add_argument("--switch-at", type=int, default=4000)
     ap.add_argument("--probes", type=int, default=1000)
     ap.add_argument("--lag", type=int, default=1, help="signals scored before learning")
+    ap.add_argument("--every", type=int, default=0,
+                    help="also probe every N signals and print, per row, at how many of those "
+                         "checkpoints unseen values / their block recall / the history rule "
+                         "reach 0.90, and their means (0: the two points only)")
     ap.add_argument("--pair-first", action=argparse.BooleanOptionalAction,
                     default=TrainConfig().wide_pair_first,
                     help="the pair term steps first (TrainConfig.wide_pair_first, the default; "
@@ -185,9 +197,10 @@ def main() -> None:
           "ahead of anchor | "
           f"mean / worst / first diff | unseen @{points[0]} / @{points[1]} | block recall | "
           "allow precision | history rule | its block members / allow twins right | "
-          "typosquats blocked |")
+          "typosquats blocked |" + (f" every {a.every}: unseen >= 0.90, mean | block recall "
+                                    "| history rule |" if a.every else ""))
     print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- | --- "
-          "| --- | --- | --- |")
+          "| --- | --- | --- |" + (" --- | --- | --- |" if a.every else ""))
     for spec in a.grid:
         fields = [float(x) for x in spec.split(",")]
         words, cross, l2 = fields[:3]
@@ -200,7 +213,7 @@ def main() -> None:
         for seed in a.seeds:
             r = replay(words, cross, l2, seed, a.signals, a.switch_at, a.probes, points, a.lag,
                        rank, pair_lr, pool, shapes, lr, init, veto, pair_l2, known, sens,
-                       egress, a.pair_first, bool(block))
+                       egress, a.pair_first, bool(block), a.every)
             p0, p1 = (r["at"][p] for p in points)
 
             def pair(k: str, p0=p0, p1=p1) -> str:
@@ -212,7 +225,9 @@ def main() -> None:
                   f"{r['ahead']}/{r['checks']} | "
                   f"{r['mean']:+.4f} / {r['worst']:+.3f} / {r['first']:+.3f} | {pair('unseen')} | "
                   f"{pair('recall')} | {pair('allow_prec')} | {pair('history')} | "
-                  f"{pair('history_block')} ; {pair('history_allow')} | {pair('typosquat')} |",
+                  f"{pair('history_block')} ; {pair('history_allow')} | {pair('typosquat')} |"
+                  + (" " + " | ".join(f"{np.sum(c >= 0.9)}/{len(c)}, {np.mean(c):.3f}"
+                                      for c in r["curve"].values()) + " |" if a.every else ""),
                   flush=True)
 
 
