@@ -422,7 +422,10 @@ def _every_checkpoint(rows: list[dict], settled: int = 2000) -> str:
         return " / ".join(f"{np.mean([x[key] for x in part]):.3f}" if part else "-"
                           for part in (before, after))
     return (f"- over all {len(rows)} checkpoints: unseen-value probes >= 0.90 at "
-            f"{sum(x['probe_unseen'] >= 0.90 for x in rows)} ({worst('probe_unseen')}); "
+            f"{sum(x['probe_unseen'] >= 0.90 for x in rows)} ({worst('probe_unseen')}), "
+            f"block recall on them >= 0.90 at "
+            f"{sum(x['probe_unseen_block_recall'] >= 0.90 for x in rows)} "
+            f"({worst('probe_unseen_block_recall')}); "
             f"history rule >= 0.90 at {sum(x['probe_history'] >= 0.90 for x in rows)} "
             f"({worst('probe_history')}), its mean before the change from {settled} signals "
             f"on {mean(before)}, after it {mean(after)}; its block members (the secret read "
