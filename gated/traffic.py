@@ -35,8 +35,12 @@ from dataclasses import dataclass, field
 
 ORG_DOMAIN = "acme.io"  # the org's own domain: internal hosts and mail are not "outbound"
 SECRET_WINDOW = 10  # rule 12 looks this many calls back in the history
-#: policy v2 lets HTTP and browsing reach only these domains (and their subdomains)
-V2_ALLOWLIST = (ORG_DOMAIN, "github.com", "python.org", "mozilla.org", "nodejs.org")
+#: policy v2 lets HTTP and browsing reach only these domains (and their subdomains). Each
+#: is one the stream shows (TRAIN values): an allow-listed host that only the held-out
+#: probes name (nodejs.org was one until 2026-11-25) asks a learner for a fact no signal
+#: carries, so its probes measured the probe set, not generalisation (docs/learning.md,
+#: "An allow-listed host no signal names").
+V2_ALLOWLIST = (ORG_DOMAIN, "github.com", "python.org", "mozilla.org")
 
 
 def _p(train: str, held: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
