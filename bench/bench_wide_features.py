@@ -94,7 +94,8 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
            pair_lr: float = 0.1, pool: float = 0.5, shapes: float = 0.0, lr: float = 0.5,
            pair_init: float = 0.1, veto: float = 0.0, pair_l2: float = -1.0,
            known: float = 0.0, sensitive: float = 0.0, egress: float = 0.0,
-           pair_first: bool = False, block_only: bool = True, every: int = 0) -> dict:
+           pair_first: bool = False, block_only: bool = True, every: int = 0,
+           correction_weight: float = 0.0) -> dict:
     """One setting's run; `lag` > 1 scores each signal with weights that have not yet
     learned the previous `lag` - 1 (updates applied in groups of `lag`), as the daemon's
     trainer scores a step's arrivals with the weights published before them. `pair_rank`
@@ -102,7 +103,8 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
     history keys pooled by `pool`; `shapes` is the argument shapes' norm, `lr` AdaGrad's
     rate for the linear weights and `pair_init` the pair tables' initial scale. `every` > 0
     also probes at every `every` signals (the daemon's checkpoints: how many of them reach
-    0.90, in "curve")."""
+    0.90, in "curve"). `correction_weight` > 0 replaces a correction's weight (DESIGN.md
+    section 2's 4.0, `label_weight`) in the wide path's step, not the anchor's."""
     cfg = dataclasses.replace(ModelConfig.preset("flint"), wide_call_words=words,
                               wide_history_cross=cross, wide_pair_rank=pair_rank,
                               wide_pair_pool=pool, wide_call_shapes=shapes,
@@ -146,7 +148,8 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
             right_w.append((z_of_one(f) >= 0) == ev.true_allow)
             right_a.append((anchor.predict_proba(text) >= 0.5) == ev.true_allow)
         y, w = label_weight(s)
-        pending.append((f, y, w))
+        pending.append((f, y, correction_weight if correction_weight and ev.is_correction
+                        else w))
         if len(pending) >= lag:
             flush()
         anchor.learn(text, y, w)
@@ -190,6 +193,8 @@ def main() -> None:
                     default=TrainConfig().wide_pair_first,
                     help="the pair term steps first (TrainConfig.wide_pair_first, the default; "
                          "--no-pair-first: the joint step)")
+    ap.add_argument("--correction-weight", type=float, default=0.0,
+                    help="the wide path's weight of a correction (0: DESIGN.md's, 4.0)")
     a = ap.parse_args()
     points = (a.switch_at - 500, a.signals - 500)
     print("| words | cross | l2 | pair rank, lr, pool | shapes | lr, init, veto, pair l2, known, "
@@ -213,7 +218,7 @@ def main() -> None:
         for seed in a.seeds:
             r = replay(words, cross, l2, seed, a.signals, a.switch_at, a.probes, points, a.lag,
                        rank, pair_lr, pool, shapes, lr, init, veto, pair_l2, known, sens,
-                       egress, a.pair_first, bool(block), a.every)
+                       egress, a.pair_first, bool(block), a.every, a.correction_weight)
             p0, p1 = (r["at"][p] for p in points)
 
             def pair(k: str, p0=p0, p1=p1) -> str:

@@ -17,8 +17,10 @@ from gated.signals import validate_signal
 from gated.traffic import (
     CATEGORY_REASON,
     KINDS,
+    ORG_DOMAIN,
     POOLS,
     SECRET_WINDOW,
+    V2_ALLOWLIST,
     TOOL_REASON,
     Event,
     GatewayTraffic,
@@ -277,6 +279,20 @@ def test_history_probes_are_pairs(policy: str):
                                              or "service-account" in h)
              for p in probes[::2]}
     assert backs == set(range(1, SECRET_WINDOW + 1))
+
+
+def test_every_v2_allow_listed_domain_is_one_the_stream_shows():
+    """An allow-listed host that only the held-out probes name would ask a learner for a
+    fact no signal carries (nodejs.org was one): each allow-listed domain beyond the org's
+    own must be named by TRAIN values, and no held-out value may be allow-listed."""
+    def listed(value: str) -> str | None:
+        host = value.split("/", 1)[0]
+        return next((d for d in V2_ALLOWLIST if host == d or host.endswith("." + d)), None)
+
+    train = {listed(v) for train, _ in POOLS.values() for v in train} - {None}
+    held = {v for _, held in POOLS.values() for v in held if listed(v)}
+    assert train == set(V2_ALLOWLIST) - {ORG_DOMAIN}
+    assert not held, f"held-out values on the v2 allow-list: {sorted(held)}"
 
 
 def test_ngram_hash_is_stable():
