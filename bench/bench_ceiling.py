@@ -15,9 +15,9 @@ they can be:
 
 If the last row stays below 0.90 at N signals, the data, not the online learner, is what
 limits that checkpoint for this model: the probes' held-out variants (other templates,
-hosts, files, commands) are not implied by what N signals show. Per block category it
-prints the probes the converged fit gets wrong, and the stream's examples of that category
-it learned from.
+hosts, files, commands) are not implied by what N signals show. Per learner and block
+category it prints the probes missed, and the stream's examples of that category it
+learned from.
 
     .venv/bin/python bench/bench_ceiling.py --seeds 0 1 2 3 --at 500 1000 2000 --write
 """

@@ -219,6 +219,11 @@ def parse_call(context: str) -> tuple[str, dict]:
     return tool, json.loads(raw) if raw else {}
 
 
+def v2_domain(host: str) -> str | None:
+    """The `V2_ALLOWLIST` domain that `host` (no port) is or is a subdomain of, or None."""
+    return next((d for d in V2_ALLOWLIST if host == d or host.endswith("." + d)), None)
+
+
 def _host(url: str) -> str:
     return url.split("://", 1)[-1].split("/", 1)[0].split("?", 1)[0]
 
@@ -308,8 +313,7 @@ def classify(context: str, history: list[str] | None, policy: str = "v1",
         return "history_exfil"
     if policy == "v2":
         host = _host(a.get("url", "")).split(":")[0]
-        if tool in ("http.request", "browser.open") and _external(host) and not any(
-                host == d or host.endswith("." + d) for d in V2_ALLOWLIST):
+        if tool in ("http.request", "browser.open") and _external(host) and not v2_domain(host):
             return "external_network"
         if tool == "pkg.install":
             return "pkg_install"

@@ -29,6 +29,7 @@ from gated.traffic import (
     call,
     classify,
     true_allow,
+    v2_domain,
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
@@ -286,8 +287,7 @@ def test_every_v2_allow_listed_domain_is_one_the_stream_shows():
     fact no signal carries (nodejs.org was one): each allow-listed domain beyond the org's
     own must be named by TRAIN values, and no held-out value may be allow-listed."""
     def listed(value: str) -> str | None:
-        host = value.split("/", 1)[0]
-        return next((d for d in V2_ALLOWLIST if host == d or host.endswith("." + d)), None)
+        return v2_domain(value.split("/", 1)[0])
 
     train = {listed(v) for train, _ in POOLS.values() for v in train} - {None}
     held = {v for _, held in POOLS.values() for v in held if listed(v)}
