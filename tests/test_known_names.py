@@ -1,5 +1,5 @@
-"""The known-name marks: packages (exact names, near misses) and sensitive files, and the
-wide features they add."""
+"""The known-name marks: packages (exact names, near misses), sensitive files and
+endpoints, and the wide features they add."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from gated.engine.known_names import (
     NameIndex,
     _osa_one,
     egress_call,
+    endpoint_kind,
     sensitive_file,
 )
 from gated.engine.model import Model
@@ -212,3 +213,118 @@ def test_the_egress_mark_carries_what_uploads_taught_to_mail() -> None:
     print(f"mail after config minus after secret: without the mark {without:+.3f}, "
           f"with it {with_mark:+.3f}")
     assert with_mark > 1.0 and with_mark > without + 1.0
+
+
+def test_endpoint_kinds_of_metadata_services_control_ports_and_paste_hosts() -> None:
+    for url in ("http://169.254.169.254/latest/meta-data/", "http://100.100.100.200/x",
+                "http://169.254.170.2/v2/credentials/a", "http://metadata.google.internal/v1",
+                "http://[fd00:ec2::254]/latest", "HTTP://169.254.9.9/", "http://a@169.254.1.1/",
+                "http://127.0.0.1:2375/containers/json", "https://node7:10250/pods",
+                "http://localhost:2379/v2/keys"):
+        assert endpoint_kind(url) == "metadata", url
+    for url in ("https://pastebin.com/raw/1", "https://termbin.com", "http://www.hastebin.com/x",
+                "https://file.io/?x=1", "https://0x0.st:443/a"):
+        assert endpoint_kind(url) == "paste", url
+    for url in ("https://api.stripe.com/v1/charges", "http://localhost:8080/", "ls -la",
+                "pastebin.com/x", "https://notpastebin.com/x", "https://pastebin.com.evil.io/",
+                "http://10.0.0.7:23750/", "http://x:" + "9" * 5000 + "/", "", "://", "http://"):
+        assert endpoint_kind(url) is None, url[:40]
+
+
+def test_the_endpoint_marks_name_the_kind_alone_and_with_tool_and_method() -> None:
+    n = 1 << 16
+    post = _call("http.request", method="POST", url="https://termbin.com/up")
+    idx, val = structured_features(post, None, n, 0.0, 0.0, endpoint_scale=0.7)
+    assert list(idx) == [_bucket("e|paste", n), _bucket("e|http.request|POST|paste", n)]
+    np.testing.assert_allclose(val, [0.7, 0.7])
+    get = _call("http.request", method="GET", url="https://termbin.com/up")
+    assert list(structured_features(get, None, n, 0.0, 0.0, endpoint_scale=0.7)[0]) == [
+        _bucket("e|paste", n), _bucket("e|http.request|GET|paste", n)]
+    shell = _call("shell.exec", cmd="curl -s http://169.254.170.2/v2/x && curl "
+                                    "http://169.254.169.254/ https://0x0.st")
+    idx, _ = structured_features(shell, None, n, 0.0, 0.0, endpoint_scale=0.7)
+    assert sorted(idx) == sorted(_bucket(name, n) for k in ("metadata", "paste")
+                                 for name in (f"e|{k}", f"e|shell.exec||{k}"))
+    assert structured_features(post, None, n, 0.0, 0.0)[0].size == 0  # off by default
+    plain = _call("http.request", method="POST", url="https://api.stripe.com/v1/charges")
+    assert structured_features(plain, None, n, 0.0, 0.0, endpoint_scale=0.7)[0].size == 0
+    hostile = _call("shell.exec", cmd=" ".join(["http://169.254.169.254/"] * 5000))
+    assert structured_features(hostile, None, n, 0.0, 0.0, endpoint_scale=0.7)[0].size == 2
+
+
+def test_every_blocked_endpoint_of_the_traffic_pools_has_its_mark() -> None:
+    """The benchmark's stream and probes draw metadata and paste hosts from these pools (the
+    held-out halves included): the lists in known_names.py name them all, as any such
+    list from the providers' documentation would; what the marks mean is still learned
+    from the stream's examples (docs/learning.md, "Endpoint marks")."""
+    for kind, pool in (("metadata", "meta"), ("paste", "paste")):
+        for host in POOLS[pool][0] + POOLS[pool][1]:
+            assert endpoint_kind(f"http://{host}/x") == kind, host
+    for pool in ("api", "docs", "local", "git"):
+        for host in POOLS[pool][0] + POOLS[pool][1]:
+            assert endpoint_kind(f"https://{host}/x") is None, host
+
+
+def test_the_endpoint_mark_carries_what_one_metadata_service_taught_to_another() -> None:
+    """A wide-only learner that saw blocked reads of one metadata service (AWS's, by its
+    address) among allowed reads of ordinary APIs: with the marks, the same read of GCP's
+    (never seen, by its name) scores well below an ordinary API it never saw either;
+    without them it shares its shape and path with the APIs, and little else."""
+    rng = np.random.default_rng(0)
+
+    def gap(endpoints: float) -> float:
+        cfg = dataclasses.replace(ModelConfig.tiny(), wide_buckets=1 << 14, wide_pair_rank=0,
+                                  wide_endpoints=endpoints)
+        model = Model.init(cfg, seed=0, dtype="float64")
+        learner = WideAdaGrad.for_model(model, np.zeros(model.num_params), l2=1e-3)
+
+        def feats(url: str) -> tuple:
+            b = source_batch([(_call("http.request", method="GET", url=url), None)], cfg)
+            return b["wide_idx"][0], b["wide_val"][0], 0.0
+
+        for k in range(300):
+            meta = bool(rng.random() < 0.3)
+            url = (f"http://169.254.169.254/v1/items/{k}" if meta
+                   else f"http://api.h{k % 9}.example/v1/items/{k}")
+            learner.learn(*feats(url), 0.0 if meta else 1.0, 1.0)
+        z = [learner.gradient(*feats(u), 1.0, 1.0)[2]
+             for u in ("http://metadata.google.internal/v1/items/3",
+                       "http://api.unseen.example/v1/items/3")]
+        return z[1] - z[0]  # how much lower the unseen metadata service scores
+
+    without, with_mark = gap(0.0), gap(1.0)
+    print(f"unseen API minus unseen metadata service: without the marks {without:+.3f}, "
+          f"with them {with_mark:+.3f}")
+    assert with_mark > 1.0 and with_mark > without + 1.0
+
+
+def test_path_places_follow_the_file_system_hierarchy() -> None:
+    from gated.engine.known_names import path_place
+    expect = {"/": "root", "/etc/shadow": "system", "/srv/hr": "system", "/root/.ssh/k": "system",
+              "/tmp/x": "tmp", "/var/tmp/y": "tmp", "~": "home", "/home/carol": "home",
+              "/Users/kai/": "home", "~/.ssh/id_ed25519": "home-dot",
+              "/home/zoe/.docker/config.json": "home-dot", "~/Documents/a": "home-files",
+              "/home/a/src/app/.env": "home-files", "../../x": "parent", "..": "parent",
+              "build/out-1": "relative", "./run.sh": "relative", "/data/x": "other",
+              "'/etc/hosts'": "system"}
+    for token, place in expect.items():
+        assert path_place(token) == place, token
+    for token in ("rm", "-rf", "--force", "https://a.example/x/y", "", "'", "a\x00/b"):
+        assert path_place(token) is None, token
+
+
+def test_path_place_marks_name_the_place_alone_and_with_the_command() -> None:
+    n = 1 << 16
+    idx, val = structured_features(_call("shell.exec", cmd="rm -Rf /srv/hr"), None, n, 0.0,
+                                   0.0, place_scale=0.6)
+    assert list(idx) == [_bucket(k, n) for k in ("l|shell.exec|cmd|system",
+                                                 "l|shell.exec|cmd|rm|system")]
+    np.testing.assert_allclose(val, [0.6 / np.sqrt(2)] * 2)
+    idx, _ = structured_features(_call("fs.read", path="~/.netrc"), None, n, 0.0, 0.0,
+                                 place_scale=0.6)
+    assert list(idx) == [_bucket("l|fs.read|path|home-dot", n)]  # one word: no first word
+    assert structured_features(_call("fs.read", path="~/.netrc"), None, n, 0.0,
+                               0.0)[0].size == 0
+    hostile = _call("shell.exec", cmd=" ".join(f"/etc/f{i} ../g{i}" for i in range(5000)))
+    idx, val = structured_features(hostile, None, n, 0.0, 0.0, place_scale=0.6)
+    assert len(idx) == 4 and np.linalg.norm(val) == pytest.approx(0.6)

@@ -67,6 +67,19 @@ class ModelConfig:
     #: sooner: 2.0 in docs/learning.md, "Egress calls", 4.0 since "The sensitive-file marks
     #: at 4", where 2 / 3 / 4 / 6 / 8 were swept on six seeds).
     wide_sensitive_files: float = 4.0
+    #: ... and a mark of this value when an argument's URL reaches a cloud metadata
+    #: service or an unauthenticated control port, or a paste / file-drop host
+    #: (engine/known_names.py `endpoint_kind`), keyed by tool and HTTP method (0 = none;
+    #: docs/learning.md, "Endpoint marks").
+    wide_endpoints: float = 2.0
+    #: ... and, per SQL statement of an argument, its verb and whether a WHERE clause
+    #: limits it (engine/wide.py `sql_statements`), their total L2 norm this (0 = none;
+    #: docs/learning.md, "SQL statements").
+    wide_sql_statements: float = 1.0
+    #: ... and, per path-like token of an argument, where it points (engine/known_names.py
+    #: `path_place`: system, home-dot, parent, tmp, ...), alone and with the argument's
+    #: first word, their total L2 norm this (0 = none; docs/learning.md, "Path places").
+    wide_path_places: float = 0.5
     #: ... and a key of this value on the pair term's call side when the call can carry
     #: data out (engine/known_names.py `egress_call`: an HTTP body, mail, an upload), so
     #: the channels share what they learn about the history (0 = none; docs/learning.md).
@@ -110,7 +123,8 @@ class ModelConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("wide_buckets", "max_history", "wide_history_scale", "wide_call_words",
                      "wide_history_cross", "wide_call_shapes", "wide_known_names",
-                     "wide_sensitive_files", "wide_egress_calls", "wide_pair_rank",
+                     "wide_sensitive_files", "wide_endpoints", "wide_sql_statements",
+                     "wide_path_places", "wide_egress_calls", "wide_pair_rank",
                      "wide_pair_buckets", "wide_pair_init", "wide_pair_pool", "wide_pair_veto"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")

@@ -185,3 +185,100 @@ def egress_call(tool: str, args: dict) -> bool:
     if isinstance(method, str) and method.upper() in EGRESS_METHODS:
         return True
     return any(w.lower() in EGRESS_VERBS for w in _TOOL_WORD.findall(tool))
+
+
+#: Cloud instance-metadata services: AWS, Azure, GCP, Oracle, DigitalOcean and others at
+#: 169.254.169.254 (AWS's IPv6 fd00:ec2::254), AWS ECS task metadata 169.254.170.2, GCP's
+#: names for it, Alibaba Cloud's 100.100.100.200, Oracle's legacy 192.0.0.192 -- the
+#: addresses SSRF guidance (the OWASP SSRF prevention cheat sheet, the providers' own
+#: documentation) tells a client never to reach: they hand out the machine's credentials.
+#: Any other link-local IPv4 address (169.254.0.0/16) counts too.
+METADATA_HOSTS = frozenset({"169.254.169.254", "169.254.170.2", "fd00:ec2::254",
+                            "metadata.google.internal", "metadata.goog", "metadata",
+                            "100.100.100.200", "192.0.0.192"})
+#: Ports of control APIs that answer without authentication by default: Docker Engine
+#: (2375, and 2376 with TLS), the kubelet (10250, read-only 10255), etcd (2379): reaching
+#: one is control of the host or the cluster, whatever the host's name.
+CONTROL_PORTS = frozenset({2375, 2376, 10250, 10255, 2379})
+#: Paste and anonymous file-drop services: the destinations of MITRE ATT&CK T1567
+#: ("exfiltration over web service") that data-loss prevention lists name first.
+PASTE_HOSTS = frozenset("""
+pastebin.com paste.ee hastebin.com termbin.com 0x0.st transfer.sh file.io ix.io sprunge.us
+dpaste.com dpaste.org paste.rs ghostbin.co controlc.com rentry.co privatebin.net
+justpaste.it catbox.moe gofile.io bashupload.com temp.sh filebin.net oshi.at tmpfiles.org
+anonfiles.com pastes.dev
+""".split())
+_URL_HOST = re.compile(r"^[a-z][a-z0-9+.-]*://(?:[^@/?#\s]*@)?(\[[^\]]*\]|[^/:?#\s]*)(?::(\d{1,5})(?!\d))?",
+                       re.I)
+
+
+def endpoint_kind(url: str) -> str | None:
+    """``"metadata"`` when `url` (scheme://host[:port]/...) reaches a cloud metadata
+    service, a link-local address or an unauthenticated control port (`METADATA_HOSTS`,
+    `CONTROL_PORTS`); ``"paste"`` when its host (or a parent domain) is a paste or
+    file-drop service (`PASTE_HOSTS`); None otherwise, and for anything not a URL.
+
+    Why (docs/learning.md, "Endpoint marks"): an endpoint the gate never saw
+    (``100.100.100.200``, ``127.0.0.1:2375``, ``termbin.com``) shares none of its bytes
+    with the ones it learned to block; as with the package names, the mark says only what
+    the endpoint is by common knowledge -- what reaching it means is learned."""
+    m = _URL_HOST.match(url.strip())
+    if m is None:
+        return None
+    host, port = m.group(1).strip("[]").lower().rstrip("."), m.group(2)
+    if (host in METADATA_HOSTS or host.startswith("169.254.")
+            or (port is not None and int(port) in CONTROL_PORTS)):
+        return "metadata"
+    parts = host.split(".")
+    if any(".".join(parts[i:]) in PASTE_HOSTS for i in range(len(parts) - 1)):
+        return "paste"
+    return None
+
+
+#: Top-level directories that hold the system's own files by the Filesystem Hierarchy
+#: Standard (and the superuser's home), not a user's.
+SYSTEM_DIRS = frozenset({"etc", "usr", "bin", "sbin", "lib", "lib32", "lib64", "boot", "root",
+                         "var", "opt", "srv", "proc", "sys", "dev", "run", "mnt", "media",
+                         "snap", "nix", "Library", "System", "private"})
+_HOMES = frozenset({"home", "Users"})
+
+
+def path_place(token: str) -> str | None:
+    """Where in the file system a path-like token points, by the Filesystem Hierarchy
+    Standard's conventions, or None when it is not a path:
+
+    ``root`` (``/``), ``system`` (under `SYSTEM_DIRS`), ``tmp`` (``/tmp``, ``/var/tmp``),
+    ``home`` (a home directory itself: ``~``, ``/home/carol``), ``home-dot`` (a dot entry
+    of a home directory, where tools keep configuration and keys: ``~/.ssh/id_rsa``,
+    ``/home/a/.bashrc``), ``home-files`` (anything else in a home: ``~/Documents/x``,
+    ``/home/a/src/app/main.py``), ``parent`` (a relative path that starts by leaving the
+    working directory: ``../../x``), ``relative`` (inside it: ``build/out``, ``./x``),
+    ``other`` (any other absolute path).
+
+    Why (docs/learning.md, "Path places"): a deletion, a write or a read is judged by
+    where it lands, and a path the gate never saw (``/srv/hr``, ``~/.zshrc``) shares no
+    word with the ones it learned; as with the other marks, what a place means for each
+    command is learned."""
+    t = token.strip("'\"`,;()")
+    if not t or "://" in t or "\x00" in t:
+        return None
+    if t == "~" or t.startswith("~/"):
+        parts = [p for p in t[1:].split("/") if p]
+        return "home" if not parts else ("home-dot" if parts[0].startswith(".")
+                                         else "home-files")
+    if t.startswith("/"):
+        parts = [p for p in t.split("/") if p not in ("", ".")]
+        if not parts:
+            return "root"
+        if parts[0] == "tmp" or parts[:2] == ["var", "tmp"]:
+            return "tmp"
+        if parts[0] in _HOMES:
+            if len(parts) <= 2:
+                return "home"
+            return "home-dot" if parts[2].startswith(".") else "home-files"
+        return "system" if parts[0] in SYSTEM_DIRS else "other"
+    if t == ".." or t.startswith("../"):
+        return "parent"
+    if t.startswith("./") or ("/" in t and not t.startswith("-")):
+        return "relative"
+    return None

@@ -152,13 +152,17 @@ def source_batch(items: Sequence[tuple[str, Sequence[str] | None]],
                                cfg.wide_history_scale)
                  for ids, seg in encoded]
         if (cfg.wide_call_words or cfg.wide_history_cross or cfg.wide_call_shapes
-                or cfg.wide_known_names or cfg.wide_sensitive_files):
+                or cfg.wide_known_names or cfg.wide_sensitive_files or cfg.wide_endpoints
+                or cfg.wide_sql_statements or cfg.wide_path_places):
             feats = [(np.concatenate([i, si]), np.concatenate([v, sv]))
                      for (i, v), (si, sv) in zip(feats, (
                          structured_features(c, h, cfg.wide_buckets, cfg.wide_call_words,
                                              cfg.wide_history_cross, cfg.wide_call_shapes,
                                              cfg.wide_known_names,
-                                             cfg.wide_sensitive_files)
+                                             cfg.wide_sensitive_files,
+                                             cfg.wide_endpoints,
+                                             cfg.wide_sql_statements,
+                                             cfg.wide_path_places)
                          for c, h in items),
                          strict=True)]
         out["wide_idx"], out["wide_val"] = pad_features(feats)

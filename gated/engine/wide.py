@@ -35,7 +35,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .known_names import PACKAGES, egress_call, sensitive_file
+from .known_names import PACKAGES, egress_call, endpoint_kind, path_place, sensitive_file
+from .sql_statements import SQL_ROW_CHANGES, sql_statements
 
 _FNV_OFFSET = np.uint64(0xCBF29CE484222325)
 _FNV_PRIME = np.uint64(0x100000001B3)
@@ -127,8 +128,9 @@ def value_shape(text: str) -> str:
 
 def structured_features(context: str, history: Sequence[str] | None, buckets: int,
                         word_scale: float, cross_scale: float, shape_scale: float = 0.0,
-                        known_scale: float = 0.0, sensitive_scale: float = 0.0
-                        ) -> tuple[np.ndarray, np.ndarray]:
+                        known_scale: float = 0.0, sensitive_scale: float = 0.0,
+                        endpoint_scale: float = 0.0, sql_scale: float = 0.0,
+                        place_scale: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """Features of the call's parsed arguments and of the call x its history: (idx, val).
 
     Why, beside the byte n-grams (measured, docs/learning.md "Structured wide features"):
@@ -158,6 +160,27 @@ def structured_features(context: str, history: Sequence[str] | None, buckets: in
       the argument names a file that holds credentials by convention (known_names.py
       `sensitive_file`): an unseen credential file (``~/.docker/config.json``) shares no
       word with the trained ones.
+    - **Endpoint marks** ``e|kind`` and ``e|tool|method|kind`` (value `endpoint_scale`
+      each): a URL among the arguments' tokens reaches a cloud metadata service or an
+      unauthenticated control port (kind ``metadata``) or a paste / file-drop host
+      (``paste``; known_names.py `endpoint_kind`); the kind alone learns from every tool,
+      the kind with the tool and HTTP method tells a read of a paste host from an upload:
+      an endpoint the gate never saw shares no byte with the learned ones
+      (docs/learning.md, "Endpoint marks").
+    - **SQL statements** ``q|tool|key|VERB`` and ``q|tool|key|VERB|where`` or ``...|all``
+      for each statement (split at ``;``) of an argument that is SQL (`sql_statements`),
+      and for a statement that changes or removes rows (`SQL_ROW_CHANGES`) ``q|tool|key|
+      changes rows|where`` or ``...|all`` (value `sql_scale` / sqrt(count)): what a
+      statement does and whether a WHERE clause limits it -- what ``delete from t_7;``
+      shares with ``DELETE FROM public.users`` and ``TRUNCATE app.events`` (every row)
+      and not with ``DELETE FROM users WHERE id = 3``, which no word says: a linear model
+      cannot learn from a word that is absent (docs/learning.md, "SQL statements").
+    - **Path places** ``l|tool|key|place`` and, in an argument of several words,
+      ``l|tool|key|first word|place`` for each path-like token (known_names.py
+      `path_place`: system, home-dot, parent, tmp, ...; value `place_scale` /
+      sqrt(count)): where a deletion, write or read lands, which a path never seen
+      (``rm --recursive --force /srv/hr``) shares with the learned ones by its place
+      only (docs/learning.md, "Path places").
     """
     out: list[tuple[int, float]] = []
     tool, args = _parse_call(context)
@@ -203,6 +226,44 @@ def structured_features(context: str, history: Sequence[str] | None, buckets: in
                 if isinstance(value, str) else []
             if any(sensitive_file(token) for token in tokens):
                 out.append((_bucket(f"f|{tool}|{key}|sensitive", buckets), sensitive_scale))
+    if endpoint_scale > 0:
+        method = args.get("method")
+        kinds: dict[str, None] = {}
+        for value in itertools.islice(args.values(), SHAPE_TOKENS):
+            for token in (value.split(maxsplit=SHAPE_TOKENS)[:SHAPE_TOKENS]
+                          if isinstance(value, str) else []):
+                kind = endpoint_kind(token) if "://" in token else None
+                if kind is not None:
+                    kinds.setdefault(f"e|{kind}")
+                    kinds.setdefault(f"e|{tool}|{method if isinstance(method, str) else ''}"
+                                     f"|{kind}")
+        out += [(_bucket(name, buckets), endpoint_scale) for name in kinds]  # <= 4
+    if sql_scale > 0:
+        statements: dict[str, None] = {}
+        for key, value in itertools.islice(args.items(), SHAPE_TOKENS):
+            if isinstance(value, str):
+                for verb, where in sql_statements(value)[:SHAPE_TOKENS]:
+                    statements.setdefault(f"q|{tool}|{key}|{verb}")
+                    statements.setdefault(f"q|{tool}|{key}|{verb}|{where}")
+                    if verb in SQL_ROW_CHANGES:
+                        statements.setdefault(f"q|{tool}|{key}|changes rows|{where}")
+        if statements:
+            v = sql_scale / np.sqrt(len(statements))
+            out += [(_bucket(name, buckets), v) for name in statements]
+    if place_scale > 0:
+        places: dict[str, None] = {}
+        for key, value in itertools.islice(args.items(), SHAPE_TOKENS):
+            tokens = value.split(maxsplit=SHAPE_TOKENS)[:SHAPE_TOKENS] \
+                if isinstance(value, str) else []
+            for token in tokens:
+                place = path_place(token)
+                if place is not None:
+                    places.setdefault(f"l|{tool}|{key}|{place}")
+                    if len(tokens) > 1:
+                        places.setdefault(f"l|{tool}|{key}|{tokens[0]}|{place}")
+        if places:
+            v = place_scale / np.sqrt(len(places))
+            out += [(_bucket(name, buckets), v) for name in places]  # <= 2 x 9 x 32
     if cross_scale > 0 and history:
         method = args.get("method")
         key = f"x|{tool}|{method if isinstance(method, str) else ''}#"
