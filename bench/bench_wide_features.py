@@ -66,6 +66,9 @@ read in the window -- and their allow twins apart).
     .venv/bin/python bench/bench_wide_features.py --seeds 0 1 2 3 4 5 --signals 10000 \
         --switch-at 4000 --every 500 --correction-weight 2 \
         --grid 0.3,0.3,1e-3,8,0.1,0.5,1,0.5,0.1,0,-1,1,4,1,1  # corrections' weight (not kept)
+    .venv/bin/python bench/bench_wide_features.py --seeds 0 1 2 3 4 5 --signals 10000 \
+        --switch-at 4000 --every 500 --grid 0.3,0.3,1e-3,8,0.1,0.5,1,0.5,0.1,0,-1,1,4,1,1,0 \
+        0.3,0.3,1e-3,8,0.1,0.5,1,0.5,0.1,0,-1,1,4,1,1,2,1,0.5  # endpoints, SQL, places (kept)
 """
 
 from __future__ import annotations
