@@ -8,6 +8,7 @@ import json
 
 import numpy as np
 import pytest
+from wide_only import WideOnly
 
 from gated.engine.config import ModelConfig
 from gated.engine.known_names import (
@@ -19,10 +20,8 @@ from gated.engine.known_names import (
     endpoint_kind,
     sensitive_file,
 )
-from gated.engine.model import Model
 from gated.engine.tokenizer import source_batch
-from gated.engine.wide import PAIR_KEYS, _bucket, pair_features, structured_features
-from gated.engine.wide_learner import WideAdaGrad
+from gated.engine.wide import _bucket, pair_features, structured_features
 from gated.traffic import POOLS
 
 
@@ -190,23 +189,15 @@ def test_the_egress_mark_carries_what_uploads_taught_to_mail() -> None:
     rng = np.random.default_rng(0)
 
     def gap(egress: float) -> float:
-        cfg = dataclasses.replace(ModelConfig.tiny(), wide_buckets=1 << 14, wide_pair_rank=4,
-                                  wide_pair_buckets=1 << 10, wide_sensitive_files=1.0,
-                                  wide_egress_calls=egress)
-        model = Model.init(cfg, seed=0, dtype="float64")
-        learner = WideAdaGrad.for_model(model, np.zeros(model.num_params), l2=1e-3)
-
-        def feats(ctx: str, read: str) -> tuple:
-            b = source_batch([(ctx, [_call("fs.read", path=f"/w/{read}")])], cfg)
-            return b["wide_idx"][0], b["wide_val"][0], 0.0, tuple(b[k][0] for k in PAIR_KEYS)
+        wide = WideOnly(wide_pair_rank=4, wide_sensitive_files=1.0, wide_egress_calls=egress)
         for k in range(300):
             post = _call("http.request", method="POST", url=f"https://h{k % 7}.example/x{k}")
             secret = bool(rng.random() < 0.5)
-            f = feats(post, ".env" if secret else "config/app.yml")
-            learner.learn(*f[:3], 0.0 if secret else 1.0, 1.0, f[3])
+            read = ".env" if secret else "config/app.yml"
+            wide.learn(post, [_call("fs.read", path=f"/w/{read}")], 0.0 if secret else 1.0)
         mail = _call("email.send", to="x@y.example", subject="s")
-        z = [learner.gradient(*f[:3], 1.0, 1.0, f[3])[2]
-             for f in (feats(mail, ".env"), feats(mail, "config/app.yml"))]
+        z = [wide.logit(mail, [_call("fs.read", path=f"/w/{read}")])
+             for read in (".env", "config/app.yml")]
         return z[1] - z[0]  # how much lower mail scores after the secret read
 
     without, with_mark = gap(0.0), gap(1.0)
@@ -273,21 +264,13 @@ def test_the_endpoint_mark_carries_what_one_metadata_service_taught_to_another()
     rng = np.random.default_rng(0)
 
     def gap(endpoints: float) -> float:
-        cfg = dataclasses.replace(ModelConfig.tiny(), wide_buckets=1 << 14, wide_pair_rank=0,
-                                  wide_endpoints=endpoints)
-        model = Model.init(cfg, seed=0, dtype="float64")
-        learner = WideAdaGrad.for_model(model, np.zeros(model.num_params), l2=1e-3)
-
-        def feats(url: str) -> tuple:
-            b = source_batch([(_call("http.request", method="GET", url=url), None)], cfg)
-            return b["wide_idx"][0], b["wide_val"][0], 0.0
-
+        wide = WideOnly(wide_pair_rank=0, wide_endpoints=endpoints)
         for k in range(300):
             meta = bool(rng.random() < 0.3)
             url = (f"http://169.254.169.254/v1/items/{k}" if meta
                    else f"http://api.h{k % 9}.example/v1/items/{k}")
-            learner.learn(*feats(url), 0.0 if meta else 1.0, 1.0)
-        z = [learner.gradient(*feats(u), 1.0, 1.0)[2]
+            wide.learn(_call("http.request", method="GET", url=url), None, 0.0 if meta else 1.0)
+        z = [wide.logit(_call("http.request", method="GET", url=u))
              for u in ("http://metadata.google.internal/v1/items/3",
                        "http://api.unseen.example/v1/items/3")]
         return z[1] - z[0]  # how much lower the unseen metadata service scores

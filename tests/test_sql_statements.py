@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import numpy as np
+from wide_only import WideOnly
 
-from gated.engine.config import ModelConfig
-from gated.engine.model import Model
 from gated.engine.sql_statements import MAX_STATEMENTS, sql_statements
-from gated.engine.tokenizer import source_batch
 from gated.engine.wide import _bucket, structured_features
-from gated.engine.wide_learner import WideAdaGrad
 
 
 def _query(sql: str) -> str:
@@ -65,22 +61,14 @@ def test_the_statement_features_carry_a_missing_where_to_an_unseen_form() -> Non
     rng = np.random.default_rng(0)
 
     def gap(sql_scale: float) -> float:
-        cfg = dataclasses.replace(ModelConfig.tiny(), wide_buckets=1 << 14, wide_pair_rank=0,
-                                  wide_sql_statements=sql_scale)
-        model = Model.init(cfg, seed=0, dtype="float64")
-        learner = WideAdaGrad.for_model(model, np.zeros(model.num_params), l2=1e-3)
-
-        def feats(sql: str) -> tuple:
-            b = source_batch([(_query(sql), None)], cfg)
-            return b["wide_idx"][0], b["wide_val"][0], 0.0
-
+        wide = WideOnly(wide_pair_rank=0, wide_sql_statements=sql_scale)
         for k in range(400):
             kind = rng.integers(4)
             sql = (f"DROP TABLE public.t{k}", f"DELETE FROM public.t{k}",
                    f"DELETE FROM public.t{k} WHERE id = {k}", f"SELECT a FROM t{k} WHERE b")[kind]
-            learner.learn(*feats(sql), 0.0 if kind < 2 else 1.0, 1.0)
-        z = [learner.gradient(*feats(q), 1.0, 1.0)[2]
-             for q in ("delete from orders_9;", "delete from orders_9 where id = 4;")]
+            wide.learn(_query(sql), None, 0.0 if kind < 2 else 1.0)
+        z = [wide.logit(_query(q)) for q in ("delete from orders_9;",
+                                             "delete from orders_9 where id = 4;")]
         return z[1] - z[0]  # how much lower the unlimited delete scores
 
     without, with_them = gap(0.0), gap(1.0)

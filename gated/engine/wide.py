@@ -31,7 +31,7 @@ import json
 import math
 import posixpath
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -126,6 +126,23 @@ def value_shape(text: str) -> str:
                                   text)[:SHAPE_CHARS]
 
 
+def _string_tokens(args: dict) -> Iterator[tuple[str, list[str]]]:
+    """(key, the first SHAPE_TOKENS whitespace-separated tokens of its value) of the first
+    SHAPE_TOKENS arguments (a non-string value: no tokens): what the marks read, bounded
+    whatever a hostile call holds."""
+    for key, value in itertools.islice(args.items(), SHAPE_TOKENS):
+        yield key, (value.split(maxsplit=SHAPE_TOKENS)[:SHAPE_TOKENS]
+                    if isinstance(value, str) else [])
+
+
+def _at_norm(names: Iterable[str], norm: float, buckets: int) -> list[tuple[int, float]]:
+    """Each of `names` bucketed, of value `norm` / sqrt(count): the group's L2 norm is
+    `norm` however many names a call has."""
+    names = list(names)
+    v = norm / np.sqrt(len(names)) if names else 0.0
+    return [(_bucket(name, buckets), v) for name in names]
+
+
 def structured_features(context: str, history: Sequence[str] | None, buckets: int,
                         word_scale: float, cross_scale: float, shape_scale: float = 0.0,
                         known_scale: float = 0.0, sensitive_scale: float = 0.0,
@@ -192,9 +209,7 @@ def structured_features(context: str, history: Sequence[str] | None, buckets: in
                 if len(words) >= MAX_STRUCTURED:
                     break
                 words.setdefault(f"w|{tool}|{key}|{m.group()}")
-        if words:
-            v = word_scale / np.sqrt(len(words))
-            out += [(_bucket(w, buckets), v) for w in words]
+        out += _at_norm(words, word_scale, buckets)
     if shape_scale > 0:
         shapes: dict[str, None] = {}
         for key, value in args.items():
@@ -207,9 +222,7 @@ def structured_features(context: str, history: Sequence[str] | None, buckets: in
             for name in names:
                 if len(shapes) < MAX_STRUCTURED:
                     shapes.setdefault(name)
-        if shapes:
-            v = shape_scale / np.sqrt(len(shapes))
-            out += [(_bucket(name, buckets), v) for name in shapes]
+        out += _at_norm(shapes, shape_scale, buckets)
     if known_scale > 0:
         marks: list[str] = []  # (a key's two marks are distinct names: no duplicates)
         for key, value in itertools.islice(args.items(), SHAPE_TOKENS):  # hostile: bounded
@@ -217,21 +230,16 @@ def structured_features(context: str, history: Sequence[str] | None, buckets: in
                                             else json.dumps(value), SHAPE_TOKENS)
             marks += [f"k|{tool}|{key}|known"] if known else []
             marks += [f"k|{tool}|{key}|near"] if near else []
-        if marks:
-            v = known_scale / np.sqrt(len(marks))
-            out += [(_bucket(name, buckets), v) for name in marks]
+        out += _at_norm(marks, known_scale, buckets)
     if sensitive_scale > 0:
-        for key, value in itertools.islice(args.items(), SHAPE_TOKENS):
-            tokens = value.split(maxsplit=SHAPE_TOKENS)[:SHAPE_TOKENS] \
-                if isinstance(value, str) else []
+        for key, tokens in _string_tokens(args):
             if any(sensitive_file(token) for token in tokens):
                 out.append((_bucket(f"f|{tool}|{key}|sensitive", buckets), sensitive_scale))
     if endpoint_scale > 0:
         method = args.get("method")
         kinds: dict[str, None] = {}
-        for value in itertools.islice(args.values(), SHAPE_TOKENS):
-            for token in (value.split(maxsplit=SHAPE_TOKENS)[:SHAPE_TOKENS]
-                          if isinstance(value, str) else []):
+        for _, tokens in _string_tokens(args):
+            for token in tokens:
                 kind = endpoint_kind(token) if "://" in token else None
                 if kind is not None:
                     kinds.setdefault(f"e|{kind}")
@@ -247,23 +255,17 @@ def structured_features(context: str, history: Sequence[str] | None, buckets: in
                     statements.setdefault(f"q|{tool}|{key}|{verb}|{where}")
                     if verb in SQL_ROW_CHANGES:
                         statements.setdefault(f"q|{tool}|{key}|changes rows|{where}")
-        if statements:
-            v = sql_scale / np.sqrt(len(statements))
-            out += [(_bucket(name, buckets), v) for name in statements]
+        out += _at_norm(statements, sql_scale, buckets)
     if place_scale > 0:
         places: dict[str, None] = {}
-        for key, value in itertools.islice(args.items(), SHAPE_TOKENS):
-            tokens = value.split(maxsplit=SHAPE_TOKENS)[:SHAPE_TOKENS] \
-                if isinstance(value, str) else []
+        for key, tokens in _string_tokens(args):
             for token in tokens:
                 place = path_place(token)
                 if place is not None:
                     places.setdefault(f"l|{tool}|{key}|{place}")
                     if len(tokens) > 1:
                         places.setdefault(f"l|{tool}|{key}|{tokens[0]}|{place}")
-        if places:
-            v = place_scale / np.sqrt(len(places))
-            out += [(_bucket(name, buckets), v) for name in places]  # <= 2 x 9 x 32
+        out += _at_norm(places, place_scale, buckets)  # <= 2 x 9 x 32
     if cross_scale > 0 and history:
         method = args.get("method")
         key = f"x|{tool}|{method if isinstance(method, str) else ''}#"

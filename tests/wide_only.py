@@ -1,0 +1,37 @@
+"""A wide-only learner for the tests that ask what one wide feature group teaches: the
+tiny model's wide path (its own features, `source_batch`, and its own AdaGrad), the
+transformer's logit held at 0."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from gated.engine.config import ModelConfig
+from gated.engine.model import Model
+from gated.engine.tokenizer import source_batch
+from gated.engine.wide import PAIR_KEYS
+from gated.engine.wide_learner import WideAdaGrad
+
+
+class WideOnly:
+    """`learn(context, history, label)` one signal at a time; `logit(context, history)`."""
+
+    def __init__(self, **config: object) -> None:
+        self.cfg = dataclasses.replace(ModelConfig.tiny(), wide_buckets=1 << 14, **config)
+        model = Model.init(self.cfg, seed=0, dtype="float64")
+        self.learner = WideAdaGrad.for_model(model, np.zeros(model.num_params), l2=1e-3)
+
+    def _features(self, context: str, history: list[str] | None) -> tuple:
+        b = source_batch([(context, history)], self.cfg)
+        pair = tuple(b[k][0] for k in PAIR_KEYS) if PAIR_KEYS[0] in b else None
+        return b["wide_idx"][0], b["wide_val"][0], 0.0, pair
+
+    def learn(self, context: str, history: list[str] | None, label: float) -> None:
+        idx, val, z_rest, pair = self._features(context, history)
+        self.learner.learn(idx, val, z_rest, label, 1.0, pair)
+
+    def logit(self, context: str, history: list[str] | None = None) -> float:
+        idx, val, z_rest, pair = self._features(context, history)
+        return self.learner.gradient(idx, val, z_rest, 1.0, 1.0, pair)[2]
