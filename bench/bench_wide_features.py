@@ -226,8 +226,8 @@ def main() -> None:
         words, cross, l2 = fields[:3]
         defaults = (0, 0.1, 0.5, 0.0, 0.5, 0.1, 0.0, -1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0)
         (rank, pair_lr, pool, shapes, lr, init, veto, pair_l2, known, sens, egress, block,
-         endpoints, sql, places) = (fields[3 + k] if len(fields) > 3 + k else d  # 4th field on
-                            for k, d in enumerate(defaults))
+         endpoints, sql, places) = (fields[3 + k] if len(fields) > 3 + k else d
+                                    for k, d in enumerate(defaults))  # fields 4 to 18
         rank = int(rank)
         for seed in a.seeds:
             r = replay(words, cross, l2, seed, a.signals, a.switch_at, a.probes, points, a.lag,

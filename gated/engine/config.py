@@ -69,11 +69,11 @@ class ModelConfig:
     wide_sensitive_files: float = 4.0
     #: ... and a mark of this value when an argument's URL reaches a cloud metadata
     #: service or an unauthenticated control port, or a paste / file-drop host
-    #: (engine/known_names.py `endpoint_kind`), keyed by tool and HTTP method (0 = none;
-    #: docs/learning.md, "Endpoint marks").
+    #: (engine/known_names.py `endpoint_kind`), the kind alone and keyed by tool and HTTP
+    #: method (0 = none; docs/learning.md, "Endpoint marks").
     wide_endpoints: float = 2.0
     #: ... and, per SQL statement of an argument, its verb and whether a WHERE clause
-    #: limits it (engine/wide.py `sql_statements`), their total L2 norm this (0 = none;
+    #: limits it (engine/sql_statements.py), their total L2 norm this (0 = none;
     #: docs/learning.md, "SQL statements").
     wide_sql_statements: float = 1.0
     #: ... and, per path-like token of an argument, where it points (engine/known_names.py

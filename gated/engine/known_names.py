@@ -208,8 +208,9 @@ dpaste.com dpaste.org paste.rs ghostbin.co controlc.com rentry.co privatebin.net
 justpaste.it catbox.moe gofile.io bashupload.com temp.sh filebin.net oshi.at tmpfiles.org
 anonfiles.com pastes.dev
 """.split())
-_URL_HOST = re.compile(r"^[a-z][a-z0-9+.-]*://(?:[^@/?#\s]*@)?(\[[^\]]*\]|[^/:?#\s]*)(?::(\d{1,5})(?!\d))?",
-                       re.I)
+#: scheme://[userinfo@]host[:port]: the host (an IPv6 literal in brackets) and the port
+_URL_HOST = re.compile(r"^[a-z][a-z0-9+.-]*://(?:[^@/?#\s]*@)?"
+                       r"(\[[^\]]*\]|[^/:?#\s]*)(?::(\d{1,5})(?!\d))?", re.I)
 
 
 def endpoint_kind(url: str) -> str | None:

@@ -201,6 +201,8 @@ def structured_features(context: str, history: Sequence[str] | None, buckets: in
     """
     out: list[tuple[int, float]] = []
     tool, args = _parse_call(context)
+    method = args.get("method")
+    method = method if isinstance(method, str) else ""  # the HTTP method, when it has one
     if word_scale > 0:
         words: dict[str, None] = {}  # insertion-ordered set
         for key, value in args.items():
@@ -236,15 +238,13 @@ def structured_features(context: str, history: Sequence[str] | None, buckets: in
             if any(sensitive_file(token) for token in tokens):
                 out.append((_bucket(f"f|{tool}|{key}|sensitive", buckets), sensitive_scale))
     if endpoint_scale > 0:
-        method = args.get("method")
         kinds: dict[str, None] = {}
         for _, tokens in _string_tokens(args):
             for token in tokens:
                 kind = endpoint_kind(token) if "://" in token else None
                 if kind is not None:
                     kinds.setdefault(f"e|{kind}")
-                    kinds.setdefault(f"e|{tool}|{method if isinstance(method, str) else ''}"
-                                     f"|{kind}")
+                    kinds.setdefault(f"e|{tool}|{method}|{kind}")
         out += [(_bucket(name, buckets), endpoint_scale) for name in kinds]  # <= 4
     if sql_scale > 0:
         statements: dict[str, None] = {}
@@ -267,8 +267,7 @@ def structured_features(context: str, history: Sequence[str] | None, buckets: in
                         places.setdefault(f"l|{tool}|{key}|{tokens[0]}|{place}")
         out += _at_norm(places, place_scale, buckets)  # <= 2 x 9 x 32
     if cross_scale > 0 and history:
-        method = args.get("method")
-        key = f"x|{tool}|{method if isinstance(method, str) else ''}#"
+        key = f"x|{tool}|{method}#"
         crosses: dict[str, None] = {}
         for entry in history[-MAX_STRUCTURED:]:
             e_tool, e_args = _parse_call(entry)
