@@ -29,7 +29,9 @@ daemon's wide path is at best) for each setting of
   `ModelConfig.wide_endpoints` (16th, default 0: the endpoint marks of docs/learning.md,
   "Endpoint marks"), ``sql``: `ModelConfig.wide_sql_statements` (17th, default 0: the
   SQL statement features, "SQL statements"), ``places``: `ModelConfig.wide_path_places`
-  (18th, default 0: "Path places"),
+  (18th, default 0: "Path places"), ``hosts``: `ModelConfig.wide_shape_hosts` (19th,
+  default 0: a URL's host name folded like any value, as before "A host's name in a
+  shape"),
 
 with features built by the daemon's own `source_batch`, beside the anchor (bench/anchor.py)
 on the same signals, and prints: how many 500-signal checkpoints it is ahead of the anchor
@@ -106,7 +108,7 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
            known: float = 0.0, sensitive: float = 0.0, egress: float = 0.0,
            pair_first: bool = False, block_only: bool = True, every: int = 0,
            correction_weight: float = 0.0, endpoints: float = 0.0,
-           sql: float = 0.0, places: float = 0.0) -> dict:
+           sql: float = 0.0, places: float = 0.0, hosts: bool = False) -> dict:
     """One setting's run; `lag` > 1 scores each signal with weights that have not yet
     learned the previous `lag` - 1 (updates applied in groups of `lag`), as the daemon's
     trainer scores a step's arrivals with the weights published before them. `pair_rank`
@@ -117,7 +119,7 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
     0.90, in "curve"). `correction_weight` > 0 replaces a correction's weight (DESIGN.md
     section 2's 4.0, `label_weight`) in the wide path's step, not the anchor's.
     `endpoints`, `sql` and `places` are `ModelConfig.wide_endpoints`,
-    `wide_sql_statements` and `wide_path_places`."""
+    `wide_sql_statements` and `wide_path_places`; `hosts` is `wide_shape_hosts`."""
     cfg = dataclasses.replace(ModelConfig.preset("flint"), wide_call_words=words,
                               wide_history_cross=cross, wide_pair_rank=pair_rank,
                               wide_pair_pool=pool, wide_call_shapes=shapes,
@@ -125,7 +127,7 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
                               wide_known_names=known, wide_sensitive_files=sensitive,
                               wide_egress_calls=egress, wide_pair_block_only=block_only,
                               wide_endpoints=endpoints, wide_sql_statements=sql,
-                              wide_path_places=places)
+                              wide_path_places=places, wide_shape_hosts=hosts)
 
     def feats(context: str, history: list[str] | None) -> tuple:
         b = source_batch([(context, history)], cfg)
@@ -194,7 +196,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--grid", nargs="+", default=DEFAULT_GRID,
                     metavar="WORDS,CROSS,L2[,PAIR_RANK[,PAIR_LR[,POOL[,SHAPES[,LR[,INIT[,VETO"
-                    "[,PAIR_L2[,KNOWN[,SENSITIVE[,EGRESS[,BLOCK[,ENDPOINTS[,SQL[,PLACES]]]]]]]]]]]]]]]")
+                    "[,PAIR_L2[,KNOWN[,SENSITIVE[,EGRESS[,BLOCK[,ENDPOINTS[,SQL[,PLACES[,HOSTS]]]]]]]]]]]]]]]]")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--signals", type=int, default=12000)
     ap.add_argument("--switch-at", type=int, default=4000)
@@ -213,7 +215,7 @@ def main() -> None:
     a = ap.parse_args()
     points = (a.switch_at - 500, a.signals - 500)
     print("| words | cross | l2 | pair rank, lr, pool | shapes | lr, init, veto, pair l2, known, "
-          "sensitive, egress, block, endpoints, sql, places | seed | "
+          "sensitive, egress, block, endpoints, sql, places, hosts | seed | "
           "ahead of anchor | "
           f"mean / worst / first diff | unseen @{points[0]} / @{points[1]} | block recall | "
           "allow precision | history rule | its block members / allow twins right | "
@@ -224,23 +226,24 @@ def main() -> None:
     for spec in a.grid:
         fields = [float(x) for x in spec.split(",")]
         words, cross, l2 = fields[:3]
-        defaults = (0, 0.1, 0.5, 0.0, 0.5, 0.1, 0.0, -1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0)
+        defaults = (0, 0.1, 0.5, 0.0, 0.5, 0.1, 0.0, -1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0,
+                    0.0)
         (rank, pair_lr, pool, shapes, lr, init, veto, pair_l2, known, sens, egress, block,
-         endpoints, sql, places) = (fields[3 + k] if len(fields) > 3 + k else d
-                                    for k, d in enumerate(defaults))  # fields 4 to 18
+         endpoints, sql, places, hosts) = (fields[3 + k] if len(fields) > 3 + k else d
+                                           for k, d in enumerate(defaults))  # fields 4 to 19
         rank = int(rank)
         for seed in a.seeds:
             r = replay(words, cross, l2, seed, a.signals, a.switch_at, a.probes, points, a.lag,
                        rank, pair_lr, pool, shapes, lr, init, veto, pair_l2, known, sens,
                        egress, a.pair_first, bool(block), a.every, a.correction_weight,
-                       endpoints, sql, places)
+                       endpoints, sql, places, bool(hosts))
             p0, p1 = (r["at"][p] for p in points)
 
             def pair(k: str, p0=p0, p1=p1) -> str:
                 return f"{p0[k]:.3f} / {p1[k]:.3f}"
             print(f"| {words:g} | {cross:g} | {l2:g} | {rank}, {pair_lr:g}, {pool:g} | "
                   f"{shapes:g} | {lr:g}, {init:g}, {veto:g}, {pair_l2:g}, {known:g}, {sens:g}, "
-                  f"{egress:g}, {block:g}, {endpoints:g}, {sql:g}, {places:g} | "
+                  f"{egress:g}, {block:g}, {endpoints:g}, {sql:g}, {places:g}, {hosts:g} | "
                   f"{seed} | "
                   f"{r['ahead']}/{r['checks']} | "
                   f"{r['mean']:+.4f} / {r['worst']:+.3f} / {r['first']:+.3f} | {pair('unseen')} | "

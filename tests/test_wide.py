@@ -137,6 +137,24 @@ def test_value_shape_keeps_the_structure_and_forgets_the_words():
     assert len(value_shape("a/" * 1000)) == 64  # SHAPE_CHARS
 
 
+
+def test_a_urls_host_name_is_one_shape_whatever_its_labels():
+    """A held-out host of three labels no longer shares the allow-listed three-label hosts'
+    shape (what let docs.djangoproject.com through under an allow-list); addresses and
+    dotless names keep theirs (a metadata IP is not a name); `hosts=False` is the old fold;
+    a hostile value is still bounded."""
+    held_out = value_shape("https://docs.djangoproject.com/signals#821")
+    assert held_out == value_shape("https://docs.rs/signals#3") == "a://h/a#0"
+    assert held_out != value_shape("https://docs.djangoproject.com/signals#821", hosts=False)
+    assert value_shape("https://docs.rs/x", hosts=False) == "a://a.a/a"
+    assert value_shape("http://169.254.169.254/latest/meta-data") == "a://0.0.0.0/a/a-a"
+    assert value_shape("http://localhost:3000/api") == "a://a:0/a"
+    assert value_shape("https://bot:s3cret@ci.acme.io:8443/hook") == "a://a:a0a@h:0/a"
+    assert value_shape("http://[::1]:80/x") == "a://[::0]:0/a"
+    assert value_shape("curl -fsSL https://get.ember.sh/i.sh | sh") == "a -a a://h/a.a | a"
+    assert value_shape("/srv/a.b/c") == "/a/a.a/a"  # no "://": no host
+    assert len(value_shape("https://" + "x." * 5000 + "io/" * 100)) == 64  # SHAPE_CHARS
+
 def test_argument_shapes_let_an_unseen_value_share_the_features_of_its_kind():
     """Two reads in projects with no word in common share their shape features (the whole
     path's and its token's), a read outside any project does not; shapes are keyed by tool
@@ -173,6 +191,18 @@ def test_source_batch_adds_the_structured_features_to_the_ngrams():
     assert cfg.wide_call_shapes > 0 and len(extra[0]) == 7 + 4 + 1
     np.testing.assert_array_equal(on_b["wide_idx"][0, :k], off_b["wide_idx"][0, :k])
     np.testing.assert_array_equal(on_b["wide_idx"][0, k:k + len(extra[0])], extra[0])
+
+
+def test_the_host_shape_setting_reaches_the_batch_and_only_urls():
+    cfg = ModelConfig.tiny()
+    folded = dataclasses.replace(cfg, wide_shape_hosts=False)
+    assert cfg.wide_shape_hosts and cfg.fingerprint() != folded.fingerprint()
+    url = [(_call("browser.open", url="https://docs.djangoproject.com/signals#8"), None)]
+    path = [(_call("fs.read", path="/home/ana/src/ember-hub/jobs/exporter.py"), None)]
+    assert not np.array_equal(source_batch(url, cfg)["wide_idx"],
+                              source_batch(url, folded)["wide_idx"])
+    np.testing.assert_array_equal(source_batch(path, cfg)["wide_idx"],
+                                  source_batch(path, folded)["wide_idx"])
 
 
 def test_adamw_steps_the_transformer_and_leaves_the_wide_path_alone():

@@ -56,6 +56,11 @@ class ModelConfig:
     #: digits -> ``0``), their total L2 norm this: what an unseen value shares with the
     #: learned ones (docs/learning.md, "Argument shapes").
     wide_call_shapes: float = 1.0
+    #: ... with a URL's host name written ``h`` in them, whatever its labels (False: folded
+    #: like any value, ``docs.python.org`` -> ``a.a.a``): a name's label count taught the
+    #: gate that the allow-listed hosts' form is safe (docs/learning.md, "A host's name in
+    #: a shape").
+    wide_shape_hosts: bool = True
     #: ... and, per argument, whether it names a well-known package or a token one edit
     #: away from one (engine/known_names.py: what a typosquat of a package the gate never
     #: saw has in common with the learned ones), their total L2 norm this (0 = none;

