@@ -202,7 +202,8 @@ def structured_features(context: str, history: Sequence[str] | None, buckets: in
       nobody named before (``/home/quinn/src/beacon-portal/adapters/codec.rb``) shares
       none of its words with the calls the gate learned from, but its shape with all of
       the project reads; without it the gate scored such calls by the tool's block rate
-      (measured: docs/learning.md, "Argument shapes").
+      (measured: docs/learning.md, "Argument shapes"). With `shape_hosts` a URL's host
+      name is ``h`` (`_authority_shape`): its label count is no clue to its verdict.
     - **Known names** ``k|tool|key|known`` / ``k|tool|key|near``: an argument names a
       well-known package, or a token one edit away from one that is not one itself
       (known_names.py; value `known_scale` / sqrt(count)): a typosquat of a package the
