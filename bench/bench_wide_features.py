@@ -31,7 +31,8 @@ daemon's wide path is at best) for each setting of
   SQL statement features, "SQL statements"), ``places``: `ModelConfig.wide_path_places`
   (18th, default 0: "Path places"), ``hosts``: `ModelConfig.wide_shape_hosts` (19th,
   default 0: a URL's host name folded like any value, as before "A host's name in a
-  shape"),
+  shape"), ``shared``: `ModelConfig.wide_pair_init_shared` (20th, default 0: all the
+  pair term's call factors random, as before "The pair term's shared factor"),
 
 with features built by the daemon's own `source_batch`, beside the anchor (bench/anchor.py)
 on the same signals, and prints: how many 500-signal checkpoints it is ahead of the anchor
@@ -108,7 +109,8 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
            known: float = 0.0, sensitive: float = 0.0, egress: float = 0.0,
            pair_first: bool = False, block_only: bool = True, every: int = 0,
            correction_weight: float = 0.0, endpoints: float = 0.0,
-           sql: float = 0.0, places: float = 0.0, hosts: bool = False) -> dict:
+           sql: float = 0.0, places: float = 0.0, hosts: bool = False,
+           shared: bool = False, init_seed: int = 0) -> dict:
     """One setting's run; `lag` > 1 scores each signal with weights that have not yet
     learned the previous `lag` - 1 (updates applied in groups of `lag`), as the daemon's
     trainer scores a step's arrivals with the weights published before them. `pair_rank`
@@ -119,7 +121,9 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
     0.90, in "curve"). `correction_weight` > 0 replaces a correction's weight (DESIGN.md
     section 2's 4.0, `label_weight`) in the wide path's step, not the anchor's.
     `endpoints`, `sql` and `places` are `ModelConfig.wide_endpoints`,
-    `wide_sql_statements` and `wide_path_places`; `hosts` is `wide_shape_hosts`."""
+    `wide_sql_statements` and `wide_path_places`; `hosts` is `wide_shape_hosts` and `shared`
+    `wide_pair_init_shared`; `init_seed` seeds the pair tables' init (the daemon's is its
+    `daemon.seed`, bench_learning.py's the stream's)."""
     cfg = dataclasses.replace(ModelConfig.preset("flint"), wide_call_words=words,
                               wide_history_cross=cross, wide_pair_rank=pair_rank,
                               wide_pair_pool=pool, wide_call_shapes=shapes,
@@ -127,14 +131,15 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
                               wide_known_names=known, wide_sensitive_files=sensitive,
                               wide_egress_calls=egress, wide_pair_block_only=block_only,
                               wide_endpoints=endpoints, wide_sql_statements=sql,
-                              wide_path_places=places, wide_shape_hosts=hosts)
+                              wide_path_places=places, wide_shape_hosts=hosts,
+                              wide_pair_init_shared=shared)
 
     def feats(context: str, history: list[str] | None) -> tuple:
         b = source_batch([(context, history)], cfg)
         pair = tuple(b[k][0] for k in PAIR_KEYS) if pair_rank else None
         return b["wide_idx"][0], b["wide_val"][0], 0.0, pair
 
-    model = Model.init(cfg, seed=0, dtype="float64")  # the wide slots, initialised
+    model = Model.init(cfg, seed=init_seed, dtype="float64")  # the wide slots, initialised
     wide = WideAdaGrad.for_model(model, np.zeros(model.num_params), lr=lr, l2=l2,
                                  pair_lr=pair_lr, pair_l2=None if pair_l2 < 0 else pair_l2,
                                  pair_first=pair_first)
@@ -196,7 +201,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--grid", nargs="+", default=DEFAULT_GRID,
                     metavar="WORDS,CROSS,L2[,PAIR_RANK[,PAIR_LR[,POOL[,SHAPES[,LR[,INIT[,VETO"
-                    "[,PAIR_L2[,KNOWN[,SENSITIVE[,EGRESS[,BLOCK[,ENDPOINTS[,SQL[,PLACES[,HOSTS]]]]]]]]]]]]]]]]")
+                    "[,PAIR_L2[,KNOWN[,SENSITIVE[,EGRESS[,BLOCK[,ENDPOINTS[,SQL[,PLACES[,HOSTS[,SHARED]]]]]]]]]]]]]]]]]")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--signals", type=int, default=12000)
     ap.add_argument("--switch-at", type=int, default=4000)
@@ -210,12 +215,15 @@ def main() -> None:
                     default=TrainConfig().wide_pair_first,
                     help="the pair term steps first (TrainConfig.wide_pair_first, the default; "
                          "--no-pair-first: the joint step)")
+    ap.add_argument("--init-seed", type=int, default=0,
+                    help="seed of the wide path's init (its pair tables); -1: the stream's "
+                         "seed, as bench_learning.py's daemon has it")
     ap.add_argument("--correction-weight", type=float, default=0.0,
                     help="the wide path's weight of a correction (0: DESIGN.md's, 4.0)")
     a = ap.parse_args()
     points = (a.switch_at - 500, a.signals - 500)
     print("| words | cross | l2 | pair rank, lr, pool | shapes | lr, init, veto, pair l2, known, "
-          "sensitive, egress, block, endpoints, sql, places, hosts | seed | "
+          "sensitive, egress, block, endpoints, sql, places, hosts, shared | seed | "
           "ahead of anchor | "
           f"mean / worst / first diff | unseen @{points[0]} / @{points[1]} | block recall | "
           "allow precision | history rule | its block members / allow twins right | "
@@ -227,23 +235,26 @@ def main() -> None:
         fields = [float(x) for x in spec.split(",")]
         words, cross, l2 = fields[:3]
         defaults = (0, 0.1, 0.5, 0.0, 0.5, 0.1, 0.0, -1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0,
-                    0.0)
+                    0.0, 0.0)
         (rank, pair_lr, pool, shapes, lr, init, veto, pair_l2, known, sens, egress, block,
-         endpoints, sql, places, hosts) = (fields[3 + k] if len(fields) > 3 + k else d
-                                           for k, d in enumerate(defaults))  # fields 4 to 19
+         endpoints, sql, places, hosts, shared) = (
+             fields[3 + k] if len(fields) > 3 + k else d
+             for k, d in enumerate(defaults))  # fields 4 to 20
         rank = int(rank)
         for seed in a.seeds:
             r = replay(words, cross, l2, seed, a.signals, a.switch_at, a.probes, points, a.lag,
                        rank, pair_lr, pool, shapes, lr, init, veto, pair_l2, known, sens,
                        egress, a.pair_first, bool(block), a.every, a.correction_weight,
-                       endpoints, sql, places, bool(hosts))
+                       endpoints, sql, places, bool(hosts), bool(shared),
+                       seed if a.init_seed < 0 else a.init_seed)
             p0, p1 = (r["at"][p] for p in points)
 
             def pair(k: str, p0=p0, p1=p1) -> str:
                 return f"{p0[k]:.3f} / {p1[k]:.3f}"
             print(f"| {words:g} | {cross:g} | {l2:g} | {rank}, {pair_lr:g}, {pool:g} | "
                   f"{shapes:g} | {lr:g}, {init:g}, {veto:g}, {pair_l2:g}, {known:g}, {sens:g}, "
-                  f"{egress:g}, {block:g}, {endpoints:g}, {sql:g}, {places:g}, {hosts:g} | "
+                  f"{egress:g}, {block:g}, {endpoints:g}, {sql:g}, {places:g}, {hosts:g}, "
+                  f"{shared:g} | "
                   f"{seed} | "
                   f"{r['ahead']}/{r['checks']} | "
                   f"{r['mean']:+.4f} / {r['worst']:+.3f} / {r['first']:+.3f} | {pair('unseen')} | "

@@ -97,6 +97,11 @@ class ModelConfig:
     #: zero, so the term starts silent and is not noise on the first signals). 0.3 was
     #: tried with a slower wide path and not kept (docs/learning.md, "The wide path's rate").
     wide_pair_init: float = 0.1
+    #: ... but the first of them is this same value for every call: a history the gate has
+    #: learned to suspect is suspect for every call until the call side learns otherwise,
+    #: whatever the seed (False: all random; docs/learning.md, "The pair term's shared
+    #: factor").
+    wide_pair_init_shared: bool = True
     #: How the pair term pools the history (engine/wide.py `pair_logit`): 0 = the sum of
     #: its keys, tau > 0 = a soft minimum over its entries at temperature tau (logit
     #: units), so one incriminating read carries the term and the session's other files

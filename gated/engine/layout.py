@@ -95,7 +95,8 @@ EMBEDDING_STD = 1.0
 MATRIX_STD = 0.02
 
 
-def init_flat(layout: list[tuple[str, Shape]], seed: int, pair_init: float = 0.1) -> np.ndarray:
+def init_flat(layout: list[tuple[str, Shape]], seed: int, pair_init: float = 0.1,
+              pair_shared: bool = True) -> np.ndarray:
     """Deterministic float64 initial weights: N(0, 1) token and segment embeddings,
     N(0, 0.02) other matrices, zero wide weights and biases, unit LayerNorm gains.
 
@@ -124,6 +125,14 @@ def init_flat(layout: list[tuple[str, Shape]], seed: int, pair_init: float = 0.1
             # random, so the history side's first gradients (dz * u) point somewhere; the
             # history side's zeros keep the product silent until it has learned
             chunk[:] = rng.normal(0.0, pair_init, size=s.size)
+            if pair_shared:
+                # ... and, with `pair_shared`, one factor shared by every call: what the
+                # history side learns from one call's examples then speaks for every call
+                # until the call side learns which it applies to. With all factors random,
+                # an e-mail learned from an HTTP POST's exfiltrations only by the chance
+                # overlap of their random rows, and how early the history rule held
+                # depended on the seed (docs/learning.md, "The pair term's shared factor").
+                chunk.reshape(s.shape)[:, 0] = pair_init
         elif len(s.shape) == 2:
             chunk[:] = rng.normal(0.0, MATRIX_STD, size=s.size)
         elif leaf == "g":

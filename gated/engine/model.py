@@ -99,8 +99,8 @@ class Model:
              dtype: str = "float32") -> Model:
         """Fresh weights, deterministic by seed (same values for float32 and float64)."""
         ops = get_ops(backend)
-        flat = ops.xp.asarray(init_flat(param_layout(cfg), seed, cfg.wide_pair_init),
-                              dtype=dtype)
+        flat = ops.xp.asarray(init_flat(param_layout(cfg), seed, cfg.wide_pair_init,
+                                        cfg.wide_pair_init_shared), dtype=dtype)
         return cls(cfg, flat, ops, dtype)
 
     @classmethod
