@@ -72,6 +72,9 @@ read in the window -- and their allow twins apart).
     .venv/bin/python bench/bench_wide_features.py --seeds 0 1 2 3 4 5 --signals 10000 \
         --switch-at 4000 --every 500 --grid 0.3,0.3,1e-3,8,0.1,0.5,1,0.5,0.1,0,-1,1,4,1,1,0 \
         0.3,0.3,1e-3,8,0.1,0.5,1,0.5,0.1,0,-1,1,4,1,1,2,1,0.5  # endpoints, SQL, places (kept)
+    .venv/bin/python bench/bench_wide_features.py --seeds 0 1 2 3 4 5 --signals 10000 \
+        --switch-at 4000 --every 500 --init-seed -1 --second-look 200 \
+        --grid 0.3,0.3,1e-3,8,0.1,0.5,1,0.5,0.1,0,-1,1,4,1,1,2,1,0.5,1,1   # a second look (kept)
 """
 
 from __future__ import annotations
@@ -93,6 +96,8 @@ from gated.engine.model import Model  # noqa: E402
 from gated.engine.tokenizer import source_batch  # noqa: E402
 from gated.engine.wide import PAIR_KEYS  # noqa: E402
 from gated.engine.wide_learner import WideAdaGrad  # noqa: E402
+from gated.online.second_look import SecondLook  # noqa: E402
+from gated.signals import context_fingerprint  # noqa: E402
 from gated.traffic import GatewayTraffic  # noqa: E402
 
 CHECK = 500
@@ -110,7 +115,7 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
            pair_first: bool = False, block_only: bool = True, every: int = 0,
            correction_weight: float = 0.0, endpoints: float = 0.0,
            sql: float = 0.0, places: float = 0.0, hosts: bool = False,
-           shared: bool = False, init_seed: int = 0) -> dict:
+           shared: bool = False, init_seed: int = 0, second_look: int = 0) -> dict:
     """One setting's run; `lag` > 1 scores each signal with weights that have not yet
     learned the previous `lag` - 1 (updates applied in groups of `lag`), as the daemon's
     trainer scores a step's arrivals with the weights published before them. `pair_rank`
@@ -123,7 +128,10 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
     `endpoints`, `sql` and `places` are `ModelConfig.wide_endpoints`,
     `wide_sql_statements` and `wide_path_places`; `hosts` is `wide_shape_hosts` and `shared`
     `wide_pair_init_shared`; `init_seed` seeds the pair tables' init (the daemon's is its
-    `daemon.seed`, bench_learning.py's the stream's)."""
+    `daemon.seed`, bench_learning.py's the stream's). `second_look` > 0 learns every
+    signal once more that many signals later under the newest label of its call, as the
+    daemon's trainer does (`TrainConfig.wide_second_look`; 0 here by default, so the
+    tables before "A second look" keep their commands)."""
     cfg = dataclasses.replace(ModelConfig.preset("flint"), wide_call_words=words,
                               wide_history_cross=cross, wide_pair_rank=pair_rank,
                               wide_pair_pool=pool, wide_call_shapes=shapes,
@@ -146,10 +154,13 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
     anchor = HashedNgramLR()
     stream, probe_src = GatewayTraffic(seed=seed), GatewayTraffic(seed=seed)
     right_w, right_a, at, pending = [], [], {}, []
+    look: SecondLook[tuple] = SecondLook(second_look)
 
     def flush() -> None:
-        for f_p, y_p, w_p in pending:
+        for f_p, y_p, w_p, seq, fp in pending:
             wide.learn(*f_p[:3], y_p, w_p, f_p[3])
+            for f_l, y_l in look.push(seq, fp, y_p, f_p):
+                wide.learn(*f_l[:3], y_l, 1.0, f_l[3])
         pending.clear()
 
     def z_of(events) -> np.ndarray:
@@ -170,8 +181,10 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
             right_w.append((z_of_one(f) >= 0) == ev.true_allow)
             right_a.append((anchor.predict_proba(text) >= 0.5) == ev.true_allow)
         y, w = label_weight(s)
+        fp = context_fingerprint(s["context"], s.get("history"))
+        look.note(fp, y)
         pending.append((f, y, correction_weight if correction_weight and ev.is_correction
-                        else w))
+                        else w, i, fp))
         if len(pending) >= lag:
             flush()
         anchor.learn(text, y, w)
@@ -218,6 +231,9 @@ def main() -> None:
     ap.add_argument("--init-seed", type=int, default=0,
                     help="seed of the wide path's init (its pair tables); -1: the stream's "
                          "seed, as bench_learning.py's daemon has it")
+    ap.add_argument("--second-look", type=int, default=0,
+                    help="the wide path's second look after N signals (the daemon's "
+                         "train.wide_second_look; 0: none, as before it)")
     ap.add_argument("--correction-weight", type=float, default=0.0,
                     help="the wide path's weight of a correction (0: DESIGN.md's, 4.0)")
     a = ap.parse_args()
@@ -246,7 +262,7 @@ def main() -> None:
                        rank, pair_lr, pool, shapes, lr, init, veto, pair_l2, known, sens,
                        egress, a.pair_first, bool(block), a.every, a.correction_weight,
                        endpoints, sql, places, bool(hosts), bool(shared),
-                       seed if a.init_seed < 0 else a.init_seed)
+                       seed if a.init_seed < 0 else a.init_seed, a.second_look)
             p0, p1 = (r["at"][p] for p in points)
 
             def pair(k: str, p0=p0, p1=p1) -> str:

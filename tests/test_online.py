@@ -15,6 +15,7 @@ from gated.online import (
     expected_calibration_error,
 )
 from gated.online.monitor import Monitor, MonitorSettings
+from gated.online.second_look import SecondLook
 from gated.signals import context_fingerprint
 from gated.store import Store
 
@@ -268,3 +269,35 @@ def test_served_probability_discounts_the_transformers_part_by_its_share():
                                1 / (1 + np.exp(-(2 * wide + z - wide + 0.5))), rtol=1e-9)
     np.testing.assert_allclose(Calibration(2.0, 0.5).of(z, src, model),
                                1 / (1 + np.exp(-(2 * z + 0.5))), rtol=1e-9)
+
+
+def test_second_look_is_due_after_its_delay_under_the_newest_label_of_its_call():
+    look: SecondLook[str] = SecondLook(delay=2)
+    assert look.push(1, b"x", 1.0, "x") == [] and look.push(2, b"y", 1.0, "y") == []
+    look.note(b"x", 0.0)  # a correction of call x arrives before its second look
+    look.note(b"unqueued", 0.0)  # a call with no pending look: nothing to relabel
+    assert look.push(3, b"z", 1.0, "z") == [("x", 0.0)]
+    assert look.push(4, b"w", 0.0, "w") == [("y", 1.0)]
+    assert len(look) == 2
+
+
+def test_second_look_of_a_call_queued_twice_takes_the_newest_label_for_both():
+    look: SecondLook[str] = SecondLook(delay=2)
+    look.push(1, b"x", 1.0, "first")  # the gate's mistaken allow
+    look.push(2, b"x", 0.0, "correction")  # the correction: same call, now block
+    assert look.push(3, b"y", 1.0, "y") == [("first", 0.0)]
+    assert look.push(4, b"z", 1.0, "z") == [("correction", 0.0)]
+    look.note(b"x", 1.0)  # no look of x is pending any more: x's label is forgotten
+    assert look.push(5, b"x", 0.0, "again") == [("y", 1.0)]
+    assert [look.push(6 + k, b"p", 1.0, "p")[0] for k in range(2)] == [("z", 1.0),
+                                                                      ("again", 0.0)]
+
+
+def test_second_look_drops_what_came_before_a_policy_change_and_turns_off_at_zero():
+    look: SecondLook[int] = SecondLook(delay=5)
+    for seq in range(1, 6):
+        look.push(seq, bytes([seq]), 1.0, seq)
+    assert look.forget_before(4) == 3 and len(look) == 2
+    assert look.push(6, b"\x06", 1.0, 6) == []  # 3 pending: none due yet
+    look.delay = 0  # the operator turned it off (a hot setting)
+    assert look.push(7, b"\x07", 1.0, 7) == [] and len(look) == 0

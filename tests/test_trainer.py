@@ -238,3 +238,36 @@ def test_the_transformer_starts_with_no_share_of_the_served_logit(tmp_path):
     assert abs(z[0] - wide[0]) > 1e-6  # the transformer's part is there, and not served
     np.testing.assert_allclose(p, 1 / (1 + np.exp(-wide)), rtol=1e-9)
     store.close()
+
+
+def test_the_wide_path_takes_a_second_look_at_each_signal_under_its_corrected_label(tmp_path):
+    """`wide_second_look`: every signal the wide path learned is learned once more that
+    many signals later, at weight 1, under the newest label of its (context, history);
+    a drift drops the pending looks from before the change. The learner's calls are
+    recorded (a spy that passes every call through to the real WideAdaGrad)."""
+    store, trainer, _ = _trainer(tmp_path, wide_second_look=3)
+    seen: list[tuple[str, float, float]] = []
+    learn, rows = trainer.wide.learn, {}
+
+    def spy(idx, val, z_rest, label, weight, pair=None):
+        seen.append((rows[float(np.sum(val))], label, weight))
+        return learn(idx, val, z_rest, label, weight, pair)
+
+    trainer.wide.learn = spy
+    calls = ['email.send {"to": "x@ext.example"}', "ls a", "ls bb", "ls ccc"]
+    hist = ['fs.read {"path": "/w/.env"}']
+    for c in calls:  # tell the calls apart by their features
+        b = source_batch([(c, hist if c.startswith("email") else None)], trainer.model.cfg)
+        rows[float(np.sum(b["wide_val"][0]))] = c.split()[0] + c[-1]
+    store.append_signals([_sig(calls[0], "allow", history=hist),  # the gate's mistake
+                          _sig(calls[0], "allow", history=hist, feedback="false_negative"),
+                          *[_sig(c, "allow") for c in calls[1:]]])
+    trainer.train_on(store.read_signals(0, 64))
+    mail, a, b, c = (c.split()[0] + c[-1] for c in calls)
+    assert seen == [(mail, 1.0, 1.0), (mail, 0.0, 4.0), (a, 1.0, 1.0), (b, 1.0, 1.0),
+                    (mail, 0.0, 1.0),  # the mistake's second look: the corrected label
+                    (c, 1.0, 1.0), (mail, 0.0, 1.0)]  # the correction's own second look
+    assert len(trainer.second_look) == 3
+    trainer._on_drift(5, 6)  # a change began at signal 5: the looks of 3 and 4 are stale
+    assert len(trainer.second_look) == 1
+    store.close()

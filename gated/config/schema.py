@@ -160,6 +160,11 @@ class TrainConfig:
                             "stream (measured better after a policy change: "
                             "docs/learning.md). Ignored with wide_residual", hot=True, lo=0,
                             hi=16)
+    wide_second_look: int = _opt(200, "the wide path learns every signal once more this "
+                                 "many signals later, under the newest label of its call "
+                                 "(a correction's), at weight 1; 0 = off (200: the sweep "
+                                 "in docs/learning.md, 'A second look'). Ignored with "
+                                 "wide_residual", hot=True, lo=0, hi=100_000)
     wide_pair_lr: float = _opt(0.1, "AdaGrad learning rate of the wide path's call x history "
                                "pair term (0.1: the sweep in docs/learning.md; larger adds "
                                "noise on the first signals)", hot=True, lo=0.0, hi=100.0)

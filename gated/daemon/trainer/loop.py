@@ -31,6 +31,7 @@ from ...engine.wide_learner import WideAdaGrad
 from ...online import AlignmentWindow
 from ...online.monitor import Monitor, MonitorSettings
 from ...online.per_tool import tool_of
+from ...online.second_look import SecondLook
 from ...signals import CORRECTIONS, context_fingerprint, training_example
 from ...store import StoreError
 from ..serving import Calibration, Serving
@@ -115,6 +116,8 @@ class Trainer(GpuFallback, threading.Thread):
         self.paused = False  # an operator's rollback --pause, until resume
         self.retention = None  # a config.RetentionConfig; the daemon sets and reloads it
         self.latest = LatestLabels()  # the replay filter
+        #: the wide path's second look at each signal it learned (`_learn_wide`)
+        self.second_look: SecondLook[tuple] = SecondLook(settings.wide_second_look)
         self.promotion = PromotionGate(settings.promotion_holdout_share,
                                        settings.promotion_holdout_size,
                                        settings.promotion_margin,
@@ -238,6 +241,8 @@ class Trainer(GpuFallback, threading.Thread):
         if self.wide is not None:
             self.wide.lr, self.wide.l2 = s.wide_lr, s.wide_l2
             self.wide.pair_lr, self.wide.pair_first = s.wide_pair_lr, s.wide_pair_first
+        if hasattr(self, "second_look"):
+            self.second_look.delay = 0 if s.wide_residual else s.wide_second_look
         if hasattr(self, "promotion"):
             self.promotion.margin = s.promotion_margin
         self.opt.weight_decay, self.opt.clip_norm = s.weight_decay, s.clip_norm
@@ -373,6 +378,7 @@ class Trainer(GpuFallback, threading.Thread):
             ex["held"] = self.promotion.holds(ex)
             if ex["feedback"] in CORRECTIONS:
                 self.promotion.relabel(ex["fp"], ex["label"])
+            self.second_look.note(ex["fp"], ex["label"])  # a correction relabels its look
         self.latest.note(fresh_examples)  # before the wide path replays (`_learn_wide`)
         self._candidates += self._score(fresh_examples)
         self.promotion.add([ex for ex in fresh_examples if ex["held"]])
@@ -453,7 +459,13 @@ class Trainer(GpuFallback, threading.Thread):
         what came before (off by default: it learns faster before a policy change and
         adapts slower after one; docs/learning.md, "The wide path replays").
         Cheap (a few hundred buckets per signal), so nothing is skipped, not even when the
-        transformer falls behind."""
+        transformer falls behind.
+
+        Each learned signal also gets a second look `train.wide_second_look` signals
+        later, under the newest label of its call (a correction's), at weight 1: by then
+        the gate's mistakes are mostly corrected (online/second_look.py; docs/learning.md,
+        "A second look"). Off with `wide_residual` (the transformer's logit it would be
+        learned beside is not the one of then)."""
         if self.wide is None:
             return
         residual = self.settings.wide_residual
@@ -462,17 +474,18 @@ class Trainer(GpuFallback, threading.Thread):
         per = len(replay) / max(1, len(learn))
         for n, i in enumerate(learn):
             ex = fresh[i]
-            self._learn_wide_one(sources, i, float(z_deep[i]) if residual else 0.0,
-                                 ex["label"], ex["weight"])
+            row = _wide_row(sources, i)
+            self.wide.learn(row[0], row[1], float(z_deep[i]) if residual else 0.0,
+                            ex["label"], ex["weight"], row[2])
             for j in range(round(n * per), round((n + 1) * per)):  # interleaved, in turn
-                self._learn_wide_one(r_src, j, 0.0, replay[j]["label"], replay[j]["weight"])
+                r_idx, r_val, r_pair = _wide_row(r_src, j)
+                self.wide.learn(r_idx, r_val, 0.0, replay[j]["label"], replay[j]["weight"],
+                                r_pair)
+            if self.second_look.delay > 0:
+                for (idx, val, pair), label in self.second_look.push(
+                        ex["seq"], ex["fp"], ex["label"], _wide_row(sources, i, copy=True)):
+                    self.wide.learn(idx, val, 0.0, label, 1.0, pair)
         self._wide_dirty = True
-
-    def _learn_wide_one(self, sources: dict, i: int, z_rest: float, label: float,
-                        weight: float) -> None:
-        pair = tuple(sources[k][i] for k in PAIR_KEYS) if PAIR_KEYS[0] in sources else None
-        self.wide.learn(sources["wide_idx"][i], sources["wide_val"][i], z_rest, label, weight,
-                        pair)
 
     def _wide_replay(self, n: int) -> tuple[list[dict], dict]:
         """`n` examples from the replay reservoir for the wide path to learn again, as the
@@ -494,6 +507,7 @@ class Trainer(GpuFallback, threading.Thread):
         signals, tell the operator."""
         dropped = self.store.reservoir_forget_before(began_seq)
         self.promotion.forget(seen_seq)
+        self.second_look.forget_before(began_seq)  # their labels are the old policy's
         if self.wide is not None:
             self.wide.relax(self.settings.drift_wide_relax)
         log.warning("drift: the serving model's error rate rose (Page-Hinkley); the change "
@@ -676,3 +690,19 @@ class Trainer(GpuFallback, threading.Thread):
         except Exception:
             log.exception("final checkpoint failed; the previous checkpoint is kept and the "
                           "signals after it will be re-trained on restart")
+
+
+def _wide_row(sources: dict, i: int, copy: bool = False) -> tuple:
+    """(idx, val, pair features or None) of row `i` of a `source_batch`: what
+    `WideAdaGrad.learn` reads of one signal. With `copy`, trimmed of padding and copied,
+    so a row kept for later does not keep its whole batch alive."""
+    idx, val = sources["wide_idx"][i], sources["wide_val"][i]
+    pair = tuple(sources[k][i] for k in PAIR_KEYS) if PAIR_KEYS[0] in sources else None
+    if not copy:
+        return idx, val, pair
+    keep = val != 0
+    if pair is not None:
+        c_idx, c_val, h_idx, h_val, h_grp = pair
+        c_keep, h_keep = c_val != 0, h_val != 0
+        pair = (c_idx[c_keep], c_val[c_keep], h_idx[h_keep], h_val[h_keep], h_grp[h_keep])
+    return idx[keep], val[keep], pair

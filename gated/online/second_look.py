@@ -1,0 +1,93 @@
+"""A second look: every example learned once more, a fixed number of signals later, under
+the newest label its call has had by then.
+
+Why (docs/learning.md, "A second look"): a single online pass learns each signal with
+the gate's label of the moment, and about 6% of those are wrong; most of the mistakes
+are corrected 5-50 signals later, by when the wrong label has been learned and what came
+after it has been learned on top of it. Learning every example a second time, `delay`
+signals later, gives each call a look with the label people have settled on (a
+correction relabels the pending look of its call), and gives the few examples of a rare
+block category twice the say in the shared features a held-out value is judged by. The
+delay is what makes it a second look rather than a replay: it comes after the
+corrections, at a fixed schedule (each example exactly twice), never from a reservoir of
+what the old policy said.
+
+The learner is the caller's: this object only keeps the schedule (what is due, with
+which label). Its queue is in memory and is not checkpointed: a restart forgets at most
+`delay` pending second looks, whose first looks are in the checkpoint.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Generic, TypeVar
+
+Payload = TypeVar("Payload")
+
+
+class SecondLook(Generic[Payload]):
+    """The examples learned in the last `delay` signals, each due for a second look when
+    `delay` newer ones have been learned, with the newest label of its call.
+
+    >>> look = SecondLook(delay=2)
+    >>> look.push(1, b"a", 1.0, "call a"), look.push(2, b"b", 1.0, "call b")
+    ([], [])
+    >>> look.note(b"a", 0.0)  # a correction: call a should have been blocked
+    >>> look.push(3, b"c", 1.0, "call c")
+    [('call a', 0.0)]
+    """
+
+    def __init__(self, delay: int) -> None:
+        self.delay = delay
+        self._queue: deque[tuple[int, bytes, Payload]] = deque()  # (seq, fingerprint, payload)
+        #: fingerprint -> [newest label, how many queued examples have that fingerprint]
+        self._newest: dict[bytes, list] = {}
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def note(self, fingerprint: bytes, label: float) -> None:
+        """A fresh signal's label for its call (a correction's, or a later decision's):
+        the pending second looks of the same call take it."""
+        entry = self._newest.get(fingerprint)
+        if entry is not None:
+            entry[0] = label
+
+    def push(self, seq: int, fingerprint: bytes, label: float,
+             payload: Payload) -> list[tuple[Payload, float]]:
+        """Queue an example its learner has just learned (signal `seq`); return the
+        (payload, newest label) of those now due, oldest first."""
+        if self.delay <= 0:
+            self.clear()
+            return []
+        entry = self._newest.setdefault(fingerprint, [label, 0])
+        entry[0] = label
+        entry[1] += 1
+        self._queue.append((seq, fingerprint, payload))
+        due = []
+        while len(self._queue) > self.delay:
+            _, fp, old = self._queue.popleft()
+            due.append((old, self._release(fp)))
+        return due
+
+    def forget_before(self, seq: int) -> int:
+        """Drop the pending looks of signals before `seq` (a policy change began there:
+        their labels are the old policy's); returns how many were dropped."""
+        kept = deque(item for item in self._queue if item[0] >= seq)
+        dropped = [item for item in self._queue if item[0] < seq]
+        for _, fp, _ in dropped:
+            self._release(fp)
+        self._queue = kept
+        return len(dropped)
+
+    def clear(self) -> None:
+        self._queue.clear()
+        self._newest.clear()
+
+    def _release(self, fingerprint: bytes) -> float:
+        """One queued example of `fingerprint` leaves the queue; its newest label."""
+        entry = self._newest[fingerprint]
+        entry[1] -= 1
+        if entry[1] == 0:
+            del self._newest[fingerprint]
+        return entry[0]
