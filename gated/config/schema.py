@@ -164,7 +164,8 @@ class TrainConfig:
                                  "many signals later, under the newest label of its call "
                                  "(a correction's), at weight 1; 0 = off (200: the sweep "
                                  "in docs/learning.md, 'A second look'). Ignored with "
-                                 "wide_residual", hot=True, lo=0, hi=100_000)
+                                 "wide_residual; each pending look holds its signal's "
+                                 "features, 5-15 KB", hot=True, lo=0, hi=10_000)
     wide_pair_lr: float = _opt(0.1, "AdaGrad learning rate of the wide path's call x history "
                                "pair term (0.1: the sweep in docs/learning.md; larger adds "
                                "noise on the first signals)", hot=True, lo=0.0, hi=100.0)

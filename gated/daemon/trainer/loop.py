@@ -481,10 +481,9 @@ class Trainer(GpuFallback, threading.Thread):
                 r_idx, r_val, r_pair = _wide_row(r_src, j)
                 self.wide.learn(r_idx, r_val, 0.0, replay[j]["label"], replay[j]["weight"],
                                 r_pair)
-            if self.second_look.delay > 0:
-                for (idx, val, pair), label in self.second_look.push(
-                        ex["seq"], ex["fp"], ex["label"], _wide_row(sources, i, copy=True)):
-                    self.wide.learn(idx, val, 0.0, label, 1.0, pair)
+            for (idx, val, pair), label in self.second_look.push(
+                    ex["seq"], ex["fp"], ex["label"], _wide_row(sources, i, copy=True)):
+                self.wide.learn(idx, val, 0.0, label, 1.0, pair)
         self._wide_dirty = True
 
     def _wide_replay(self, n: int) -> tuple[list[dict], dict]:
