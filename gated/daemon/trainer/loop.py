@@ -474,15 +474,15 @@ class Trainer(GpuFallback, threading.Thread):
         per = len(replay) / max(1, len(learn))
         for n, i in enumerate(learn):
             ex = fresh[i]
-            row = _wide_row(sources, i)
+            row = _wide_row(sources, i)  # learned now, and kept for its second look
             self.wide.learn(row[0], row[1], float(z_deep[i]) if residual else 0.0,
                             ex["label"], ex["weight"], row[2])
             for j in range(round(n * per), round((n + 1) * per)):  # interleaved, in turn
                 r_idx, r_val, r_pair = _wide_row(r_src, j)
                 self.wide.learn(r_idx, r_val, 0.0, replay[j]["label"], replay[j]["weight"],
                                 r_pair)
-            for (idx, val, pair), label in self.second_look.push(
-                    ex["seq"], ex["fp"], ex["label"], _wide_row(sources, i, copy=True)):
+            for (idx, val, pair), label in self.second_look.push(ex["seq"], ex["fp"],
+                                                                 ex["label"], row):
                 self.wide.learn(idx, val, 0.0, label, 1.0, pair)
         self._wide_dirty = True
 
@@ -691,14 +691,13 @@ class Trainer(GpuFallback, threading.Thread):
                           "signals after it will be re-trained on restart")
 
 
-def _wide_row(sources: dict, i: int, copy: bool = False) -> tuple:
+def _wide_row(sources: dict, i: int) -> tuple:
     """(idx, val, pair features or None) of row `i` of a `source_batch`: what
-    `WideAdaGrad.learn` reads of one signal. With `copy`, trimmed of padding and copied,
-    so a row kept for later does not keep its whole batch alive."""
+    `WideAdaGrad.learn` reads of one signal, trimmed of padding (value 0, which the
+    learner drops anyway) into copies, so a row kept for a second look does not keep its
+    whole batch alive."""
     idx, val = sources["wide_idx"][i], sources["wide_val"][i]
     pair = tuple(sources[k][i] for k in PAIR_KEYS) if PAIR_KEYS[0] in sources else None
-    if not copy:
-        return idx, val, pair
     keep = val != 0
     if pair is not None:
         c_idx, c_val, h_idx, h_val, h_grp = pair
