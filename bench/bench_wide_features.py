@@ -75,6 +75,9 @@ read in the window -- and their allow twins apart).
     .venv/bin/python bench/bench_wide_features.py --seeds 0 1 2 3 4 5 --signals 10000 \
         --switch-at 4000 --every 500 --init-seed -1 --second-look 200 \
         --grid 0.3,0.3,1e-3,8,0.1,0.5,1,0.5,0.1,0,-1,1,4,1,1,2,1,0.5,1,1   # a second look (kept)
+    .venv/bin/python bench/bench_wide_features.py --seeds 0 1 2 3 4 5 --signals 10000 \
+        --switch-at 4000 --every 500 --init-seed -1 --second-look 200 --pair-hold 3 \
+        --grid 0.3,0.3,1e-3,8,0.1,0.5,1,0.5,0.1,0,-1,1,4,1,1,2,1,0.5,1,1   # the hold (kept)
 """
 
 from __future__ import annotations
@@ -115,7 +118,8 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
            pair_first: bool = False, block_only: bool = True, every: int = 0,
            correction_weight: float = 0.0, endpoints: float = 0.0,
            sql: float = 0.0, places: float = 0.0, hosts: bool = False,
-           shared: bool = False, init_seed: int = 0, second_look: int = 0) -> dict:
+           shared: bool = False, init_seed: int = 0, second_look: int = 0,
+           pair_hold: float = 0.0) -> dict:
     """One setting's run; `lag` > 1 scores each signal with weights that have not yet
     learned the previous `lag` - 1 (updates applied in groups of `lag`), as the daemon's
     trainer scores a step's arrivals with the weights published before them. `pair_rank`
@@ -131,7 +135,9 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
     `daemon.seed`, bench_learning.py's the stream's). `second_look` > 0 learns every
     signal once more that many signals later under the newest label of its call, as the
     daemon's trainer does (`TrainConfig.wide_second_look`; 0 here by default, so the
-    tables before "A second look" keep their commands)."""
+    tables before "A second look" keep their commands); `pair_hold` > 0 holds the pair
+    term's step on a first look's contradicted "allow" until that second look
+    (`TrainConfig.wide_pair_hold`; 0 here by default, for the same reason)."""
     cfg = dataclasses.replace(ModelConfig.preset("flint"), wide_call_words=words,
                               wide_history_cross=cross, wide_pair_rank=pair_rank,
                               wide_pair_pool=pool, wide_call_shapes=shapes,
@@ -158,7 +164,7 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
 
     def flush() -> None:
         for f_p, y_p, w_p, seq, fp in pending:
-            wide.learn(*f_p[:3], y_p, w_p, f_p[3])
+            wide.learn(*f_p[:3], y_p, w_p, f_p[3], pair_hold=pair_hold if look.delay else 0.0)
             for f_l, y_l in look.push(seq, fp, y_p, f_p):
                 wide.learn(*f_l[:3], y_l, 1.0, f_l[3])
         pending.clear()
@@ -234,6 +240,10 @@ def main() -> None:
     ap.add_argument("--second-look", type=int, default=0,
                     help="the wide path's second look after N signals (the daemon's "
                          "train.wide_second_look; 0: none, as before it)")
+    ap.add_argument("--pair-hold", type=float, default=0.0,
+                    help="the pair term learns an 'allow' it contradicts by more than this "
+                         "logit only at the second look (the daemon's train.wide_pair_hold; "
+                         "0: off, as before it)")
     ap.add_argument("--correction-weight", type=float, default=0.0,
                     help="the wide path's weight of a correction (0: DESIGN.md's, 4.0)")
     a = ap.parse_args()
@@ -262,7 +272,7 @@ def main() -> None:
                        rank, pair_lr, pool, shapes, lr, init, veto, pair_l2, known, sens,
                        egress, a.pair_first, bool(block), a.every, a.correction_weight,
                        endpoints, sql, places, bool(hosts), bool(shared),
-                       seed if a.init_seed < 0 else a.init_seed, a.second_look)
+                       seed if a.init_seed < 0 else a.init_seed, a.second_look, a.pair_hold)
             p0, p1 = (r["at"][p] for p in points)
 
             def pair(k: str, p0=p0, p1=p1) -> str:

@@ -243,15 +243,19 @@ def test_the_transformer_starts_with_no_share_of_the_served_logit(tmp_path):
 def test_the_wide_path_takes_a_second_look_at_each_signal_under_its_corrected_label(tmp_path):
     """`wide_second_look`: every signal the wide path learned is learned once more that
     many signals later, at weight 1, under the newest label of its (context, history);
-    a drift drops the pending looks from before the change. The learner's calls are
-    recorded (a spy that passes every call through to the real WideAdaGrad)."""
-    store, trainer, _ = _trainer(tmp_path, wide_second_look=3)
+    a drift drops the pending looks from before the change. A first look holds the pair
+    term's contradicted "allow" (`wide_pair_hold`), a second look never does, and
+    without a second look nothing is held. The learner's calls are recorded (a spy that
+    passes every call through to the real WideAdaGrad)."""
+    store, trainer, _ = _trainer(tmp_path, wide_second_look=3, wide_pair_hold=2.5)
     seen: list[tuple[str, float, float]] = []
+    holds: list[float] = []
     learn, rows = trainer.wide.learn, {}
 
-    def spy(idx, val, z_rest, label, weight, pair=None):
-        seen.append((rows[float(np.sum(val))], label, weight))
-        return learn(idx, val, z_rest, label, weight, pair)
+    def spy(idx, val, z_rest, label, weight, pair=None, pair_hold=0.0):
+        seen.append((rows.get(float(np.sum(val)), "?"), label, weight))
+        holds.append(pair_hold)
+        return learn(idx, val, z_rest, label, weight, pair, pair_hold)
 
     trainer.wide.learn = spy
     calls = ['email.send {"to": "x@ext.example"}', "ls a", "ls bb", "ls ccc"]
@@ -267,7 +271,13 @@ def test_the_wide_path_takes_a_second_look_at_each_signal_under_its_corrected_la
     assert seen == [(mail, 1.0, 1.0), (mail, 0.0, 4.0), (a, 1.0, 1.0), (b, 1.0, 1.0),
                     (mail, 0.0, 1.0),  # the mistake's second look: the corrected label
                     (c, 1.0, 1.0), (mail, 0.0, 1.0)]  # the correction's own second look
+    assert holds == [2.5, 2.5, 2.5, 2.5, 0.0, 2.5, 0.0]  # first looks held, second not
     assert len(trainer.second_look) == 3
     trainer._on_drift(5, 6)  # a change began at signal 5: the looks of 3 and 4 are stale
     assert len(trainer.second_look) == 1
+    trainer.apply_settings(dataclasses.replace(trainer.settings, wide_second_look=0))
+    holds.clear()
+    (seq, _), = store.append_signals([_sig("ls dddd", "allow")])
+    trainer.train_on(store.read_signals(seq - 1, 64))
+    assert holds == [0.0]  # no second look to learn it later: nothing is held
     store.close()

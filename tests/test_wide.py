@@ -401,6 +401,45 @@ def test_pair_gradient_matches_central_differences(pool: float, entries: list | 
     np.testing.assert_allclose(learner.pair[1][c_rows], 0.5 * g_u ** 2, rtol=1e-9)
 
 
+
+def test_a_contradicted_allow_is_held_from_the_pair_term_and_a_block_never_is():
+    """`WideAdaGrad.learn(..., pair_hold=h)`: an "allow" label while the pair term says
+    "block" by more than h steps the linear weights alone (the first AdaGrad step, lr
+    times the sign of the same gradient) and leaves both pair tables and their sums as
+    they were; a "block" label, a pair term saying less than h, and h = 0 step the term."""
+    def learner_and_signal():
+        rng = np.random.default_rng(11)
+        u_tab, v_tab = np.zeros((16, 3)), np.zeros((16, 3))
+        u_tab[[2, 5], 0], v_tab[[1, 9], 0] = 1.5, -1.5  # the read and the site: "block"
+        learner = WideAdaGrad(rng.normal(size=32), np.zeros(32), scale=1.0, lr=0.5,
+                              l2=1e-3, pool=0.5, block_only=True, pair_first=True,
+                              pair=(u_tab, np.zeros_like(u_tab), v_tab, np.zeros_like(v_tab)))
+        pair = (np.array([2, 5]), np.array([0.6, 0.8]), np.array([1, 9]),
+                np.array([1.0, 1.0]), np.array([0, 0]))
+        return learner, np.array([0, 4, 7]), rng.normal(size=3), pair
+
+    learner, idx, val, pair = learner_and_signal()
+    z_pair = learner.gradient(idx, val, 0.0, 1.0, 1.0, pair)[2] - learner.gradient(
+        idx, val, 0.0, 1.0, 1.0, None)[2]
+    assert z_pair < -2.0  # the term says "block" (bounded: log 2 sigmoid(-4.2))
+
+    def stepped(label: float, hold: float) -> tuple[bool, np.ndarray, np.ndarray]:
+        learner, *_ = learner_and_signal()
+        tables = [t.copy() for t in learner.pair]
+        w0 = learner.w.copy()
+        buckets, g, _ = learner.gradient(idx, val, 0.0, label, 1.0, pair)
+        learner.learn(idx, val, 0.0, label, 1.0, pair, pair_hold=hold)
+        moved = any(not np.array_equal(a, b) for a, b in zip(tables, learner.pair, strict=True))
+        return moved, learner.w[buckets] - w0[buckets], g
+
+    moved, dw, g = stepped(1.0, 1.0)
+    assert not moved  # held: U, V and their sums untouched
+    np.testing.assert_allclose(dw, -0.5 * np.sign(g), rtol=1e-6)  # the linear step as ever
+    assert stepped(0.0, 1.0)[0]  # a block is never held
+    assert stepped(1.0, -z_pair + 0.5)[0]  # the term says less than the hold: it learns
+    assert stepped(1.0, 0.0)[0]  # 0: off
+
+
 @pytest.mark.parametrize(("veto", "block_only"),
                          [(2.0, False), (0.5, False), (0.0, True), (2.0, True)])
 def test_the_history_as_a_veto_has_exact_gradients(veto: float, block_only: bool):

@@ -166,6 +166,13 @@ class TrainConfig:
                                  "in docs/learning.md, 'A second look'). Ignored with "
                                  "wide_residual; each pending look holds its signal's "
                                  "features, 5-15 KB", hot=True, lo=0, hi=10_000)
+    wide_pair_hold: float = _opt(3.0, "an 'allow' label the wide path's pair term "
+                                 "contradicts (it says 'block' by more than this logit) "
+                                 "teaches the term only at the signal's second look, under "
+                                 "the newest label of its call; the linear weights learn it "
+                                 "at once. 0 = off. Ignored without a second look "
+                                 "(docs/learning.md, 'The pair term holds')", hot=True,
+                                 lo=0.0, hi=100.0)
     wide_pair_lr: float = _opt(0.1, "AdaGrad learning rate of the wide path's call x history "
                                "pair term (0.1: the sweep in docs/learning.md; larger adds "
                                "noise on the first signals)", hot=True, lo=0.0, hi=100.0)

@@ -83,7 +83,7 @@ class WideAdaGrad:
         return st["pair"][0][:2], st["pair"][1][:2]
 
     def learn(self, idx: np.ndarray, val: np.ndarray, z_rest: float, label: float,
-              weight: float, pair=None) -> float:
+              weight: float, pair=None, pair_hold: float = 0.0) -> float:
         """One AdaGrad update from one signal; returns its logit before the update.
 
         Both parts step on the same gradient, or, with `pair_first`, the pair term steps
@@ -93,8 +93,20 @@ class WideAdaGrad:
         memorise "this call was blocked"; stepped together, a burst of exfiltrations from
         one session pushes the outbound call's words to block as fast as the pair term
         learns the read, and the same call after a harmless history is blocked with them
-        (docs/learning.md, "The pair term first")."""
+        (docs/learning.md, "The pair term first").
+
+        `pair_hold` > 0: an "allow" label the pair term contradicts -- its part of the
+        wide logit says "block" by more than `pair_hold` -- steps the linear weights only;
+        the pair term is left as it is. Why (docs/learning.md, "The pair term holds"): the
+        term is a conjunction learned from a few dozen exfiltrations, shared by every call
+        site and every secret; one wrong "allow" from the gate on an exfiltration (6% of
+        its decisions) costs it a full step, which its correction, at a logit already
+        saying "block", gives back only a sliver of. The caller holds a signal's first
+        look and lets its second look (online/second_look.py), under the newest label of
+        its call, teach the term: by then the gate's mistakes are mostly corrected."""
         st = self._gradient(idx, val, z_rest, label, weight, pair)
+        if pair_hold > 0 and label >= 0.5 and st["z_pair"] < -pair_hold:
+            st["pair"] = []  # held: the linear weights step alone, on the same gradient
         if not (self.pair_first and st["pair"]):
             self._step(self.w, self.g2, st["d_idx"], st["w_now"], st["g"], self.lr)
         if st["pair"]:  # only when the learner has a pair term and the signal its features
@@ -149,6 +161,7 @@ class WideAdaGrad:
         z = z_rest + self.scale * z_wide
         dz = weight * (0.5 * (1.0 + np.tanh(0.5 * z)) - label)
         out = {"idx": idx, "d_idx": d_idx, "w_now": w_now, "z": z,
+               "z_pair": z_wide - z_lin,  # the pair term's part of the wide logit
                "g": self.scale * dz * d_lin * val + self.l2 * w_now, "pair": []}
         if sides:
             # per key: dz_pair/dU[c_k] = cv_k v_eff, dz_pair/dV[h_k] = hw_k u; summed per row

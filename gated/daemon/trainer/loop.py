@@ -465,10 +465,14 @@ class Trainer(GpuFallback, threading.Thread):
         later, under the newest label of its call (a correction's), at weight 1: by then
         the gate's mistakes are mostly corrected (online/second_look.py; docs/learning.md,
         "A second look"). Off with `wide_residual` (the transformer's logit it would be
-        learned beside is not the one of then)."""
+        learned beside is not the one of then). Until then, an "allow" that the pair term
+        contradicts by more than `train.wide_pair_hold` steps the linear weights only
+        (`WideAdaGrad.learn`; docs/learning.md, "The pair term holds")."""
         if self.wide is None:
             return
         residual = self.settings.wide_residual
+        # the pair term learns a contradicting "allow" at the second look, if there is one
+        hold = self.settings.wide_pair_hold if self.second_look.delay > 0 else 0.0
         learn = [i for i, ex in enumerate(fresh) if not ex.get("held")]
         replay, r_src = self._wide_replay(len(learn) * self.settings.wide_replay)
         per = len(replay) / max(1, len(learn))
@@ -476,7 +480,7 @@ class Trainer(GpuFallback, threading.Thread):
             ex = fresh[i]
             row = _wide_row(sources, i)  # learned now, and kept for its second look
             self.wide.learn(row[0], row[1], float(z_deep[i]) if residual else 0.0,
-                            ex["label"], ex["weight"], row[2])
+                            ex["label"], ex["weight"], row[2], pair_hold=hold)
             for j in range(round(n * per), round((n + 1) * per)):  # interleaved, in turn
                 r_idx, r_val, r_pair = _wide_row(r_src, j)
                 self.wide.learn(r_idx, r_val, 0.0, replay[j]["label"], replay[j]["weight"],
