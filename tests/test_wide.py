@@ -401,7 +401,6 @@ def test_pair_gradient_matches_central_differences(pool: float, entries: list | 
     np.testing.assert_allclose(learner.pair[1][c_rows], 0.5 * g_u ** 2, rtol=1e-9)
 
 
-
 def test_a_contradicted_allow_is_held_from_the_pair_term_and_a_block_never_is():
     """`WideAdaGrad.learn(..., pair_hold=h)`: an "allow" label while the pair term says
     "block" by more than h steps the linear weights alone (the first AdaGrad step, lr
@@ -421,7 +420,7 @@ def test_a_contradicted_allow_is_held_from_the_pair_term_and_a_block_never_is():
     learner, idx, val, pair = learner_and_signal()
     z_pair = learner.gradient(idx, val, 0.0, 1.0, 1.0, pair)[2] - learner.gradient(
         idx, val, 0.0, 1.0, 1.0, None)[2]
-    assert z_pair < -2.0  # the term says "block" (bounded: log 2 sigmoid(-4.2))
+    assert z_pair < -2.0  # the term says "block": log 2 sigmoid(-6.3) = -5.6, bounded
 
     def stepped(label: float, hold: float) -> tuple[bool, np.ndarray, np.ndarray]:
         learner, *_ = learner_and_signal()
