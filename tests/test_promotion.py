@@ -188,8 +188,16 @@ def test_judging_takes_at_most_its_share_of_the_trainers_time(tmp_path):
     assert gate.judge_seconds > 0
     gate.judge_seconds = 3600.0  # as if the last judgement had taken an hour
     trainer._steps_since_swap += 1
+    # A transformer step: every held-back row needs a fresh forward, so the judgement is an
+    # expensive one (without it, whether the slice's logits were still cached depended on
+    # how the time share had rationed _trained's last judgements: on CI they were, and the
+    # cheap path published; this test failed there once).
+    trainer._deep_version += 1
+    assert gate._missing([ex["seq"] for ex in gate.ring], trainer._deep_version,
+                         serving.current.version) > promotion.CHEAP_ROWS
     version = trainer.status.version
     assert not gate.due()
+    assert not gate.due(trainer._deep_version, serving)
     assert trainer._maybe_swap(force=False) is False and trainer.status.version == version
     assert trainer._maybe_swap(force=True) is True  # a forced swap (stop) still judges
     assert trainer.status.version == version + 1
