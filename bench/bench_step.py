@@ -76,6 +76,9 @@ DOC_HEADER = ("# Benchmarks\n\nMeasured results of the benchmarks in `bench/`. E
 DEFAULT_STEPS = {"tiny": 200, "flint": 30}
 DEFAULT_WARMUP = {"tiny": 20, "flint": 3}
 LR, WD, CLIP = 1e-3, 0.01, 1.0
+#: DESIGN.md section 6 (raised 2026-11-23): a CPU step takes at most this share of
+#: PyTorch-CPU eager's time on the same batch (it was "no slower than PyTorch", 1.0).
+CPU_TARGET_TIME_SHARE = 0.8
 
 SAFE = ["ls -la src", "git status", "pytest -q tests", "cat README.md", "make build",
         "grep -rn TODO src", "git diff --stat", "wc -l src/main.py"]
@@ -319,10 +322,12 @@ def section_text(rows: list[dict[str, Any]], use_torch: bool, attn_impl: str,
     verdict = []
     if use_torch:
         for r in rows:
-            ok = r["ratio"] >= 1.0
+            ok = r["ratio"] * CPU_TARGET_TIME_SHARE >= 1.0
             verdict.append(f"- `{r['preset']}`: gated is {r['ratio']:.2f}x torch's speed "
-                           f"(torch/gated median); DESIGN section 6 CPU target (no slower "
-                           f"than PyTorch): {'met' if ok else 'NOT met'}.")
+                           f"(torch/gated median); DESIGN section 6 CPU target (a step no "
+                           f"slower than {CPU_TARGET_TIME_SHARE:g}x PyTorch-CPU time: "
+                           f"torch/gated >= {1 / CPU_TARGET_TIME_SHARE:.2f}): "
+                           f"{'met' if ok else 'NOT met'}.")
     return "\n".join([
         SECTION, "",
         "One training step: forward, exact backward, global-norm clipping (1.0), AdamW "
