@@ -232,7 +232,7 @@ def test_the_wide_paths_progress_is_judged_by_sparse_dots_not_held_back(tmp_path
     assert trainer._maybe_swap(force=True) is True  # judged in full, published
     gate.judge_seconds, gate._judged_at = 3600.0, gate.clock()  # an expensive one just now
     trainer.model.params["wide.w"][...] *= 1.01
-    trainer._wide_dirty = True
+    trainer.wide_path.dirty = True
     assert gate.due(trainer._deep_version, serving)
     assert trainer._maybe_swap(force=False) is True
 

@@ -227,7 +227,7 @@ def test_the_transformer_starts_with_no_share_of_the_served_logit(tmp_path):
     """With a wide path the served logit is the wide path's alone until a calibration fit
     on the progressive stream shows the transformer's part earns a share."""
     store, trainer, serving = _trainer(tmp_path)
-    assert trainer.wide is not None
+    assert trainer.wide_path.learner is not None
     store.append_signals([_sig(f"fs.read src/{i}.py", "allow") for i in range(16)])
     trainer.train_on(store.read_signals(0, 16))
     assert serving.calibration == Calibration(1.0, 0.0, -1.0)
@@ -250,14 +250,14 @@ def test_the_wide_path_takes_a_second_look_at_each_signal_under_its_corrected_la
     store, trainer, _ = _trainer(tmp_path, wide_second_look=3, wide_pair_hold=2.5)
     seen: list[tuple[str, float, float]] = []
     holds: list[float] = []
-    learn, rows = trainer.wide.learn, {}
+    learn, rows = trainer.wide_path.learner.learn, {}
 
     def spy(idx, val, z_rest, label, weight, pair=None, pair_hold=0.0):
         seen.append((rows.get(float(np.sum(val)), "?"), label, weight))
         holds.append(pair_hold)
         return learn(idx, val, z_rest, label, weight, pair, pair_hold)
 
-    trainer.wide.learn = spy
+    trainer.wide_path.learner.learn = spy
     calls = ['email.send {"to": "x@ext.example"}', "ls a", "ls bb", "ls ccc"]
     hist = ['fs.read {"path": "/w/.env"}']
     for c in calls:  # tell the calls apart by their features
@@ -272,9 +272,9 @@ def test_the_wide_path_takes_a_second_look_at_each_signal_under_its_corrected_la
                     (mail, 0.0, 1.0),  # the mistake's second look: the corrected label
                     (c, 1.0, 1.0), (mail, 0.0, 1.0)]  # the correction's own second look
     assert holds == [2.5, 2.5, 2.5, 2.5, 0.0, 2.5, 0.0]  # first looks held, second not
-    assert len(trainer.second_look) == 3
+    assert len(trainer.wide_path.second_look) == 3
     trainer._on_drift(5, 6)  # a change began at signal 5: the looks of 3 and 4 are stale
-    assert len(trainer.second_look) == 1
+    assert len(trainer.wide_path.second_look) == 1
     trainer.apply_settings(dataclasses.replace(trainer.settings, wide_second_look=0))
     holds.clear()
     (seq, _), = store.append_signals([_sig("ls dddd", "allow")])

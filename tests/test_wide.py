@@ -259,10 +259,10 @@ def test_the_wide_paths_hot_settings_reach_its_learner(tmp_path):
     """Every `wide_*` setting marked hot in config/schema.py takes effect on a reload
     (`wide_pair_lr` was marked hot and never reached the learner)."""
     store, trainer, _ = _trainer(tmp_path / "s", wide_pair_first=True)
-    assert trainer.wide.pair_first and trainer.wide.pair_lr == TrainConfig().wide_pair_lr
+    w = trainer.wide_path.learner
+    assert w.pair_first and w.pair_lr == TrainConfig().wide_pair_lr
     trainer.apply_settings(dataclasses.replace(trainer.settings, wide_lr=0.2, wide_l2=1e-4,
                                                wide_pair_lr=0.05, wide_pair_first=False))
-    w = trainer.wide
     assert (w.lr, w.l2, w.pair_lr, w.pair_first) == (0.2, 1e-4, 0.05, False)
     store.close()
 

@@ -26,18 +26,16 @@ import numpy as np
 
 from ...config import TrainConfig
 from ...engine import EWC, AdamW, Model, build_batch, source_batch, train_step
-from ...engine.wide import PAIR_KEYS
-from ...engine.wide_learner import WideAdaGrad
 from ...online import AlignmentWindow
 from ...online.monitor import Monitor, MonitorSettings
 from ...online.per_tool import tool_of
-from ...online.second_look import SecondLook
 from ...signals import CORRECTIONS, context_fingerprint, training_example
 from ...store import StoreError
 from ..serving import Calibration, Serving
 from .gpu import GpuFallback
 from .latest import LatestLabels
 from .promotion import PromotionGate
+from .wide_path import WidePath
 
 __all__ = ["AlignmentWindow", "Trainer", "TrainerEvents"]
 
@@ -96,12 +94,13 @@ class Trainer(GpuFallback, threading.Thread):
         self.settings = settings
         self.events = events or TrainerEvents()
         self.rng = random.Random(seed ^ step)
+        self.wide_path = WidePath(settings)  # the wide path's learner and schedule
         self._install(model, opt_state, ewc_state)
         self.monitor = Monitor(MonitorSettings(
             window=settings.alignment_window, drift_delta=settings.drift_delta,
             drift_threshold=settings.drift_threshold,
             drift_adapt_signals=settings.drift_adapt_signals,
-            transformer_share_prior=0.0 if self.wide is not None else 1.0))
+            transformer_share_prior=0.0 if self.wide_path.learner is not None else 1.0))
         self.window = self.monitor.window
         #: (seq, calibrated p, raw logit, its transformer part) of each signal the last
         #: step scored; the rest of the raw logit is the wide path's
@@ -116,8 +115,6 @@ class Trainer(GpuFallback, threading.Thread):
         self.paused = False  # an operator's rollback --pause, until resume
         self.retention = None  # a config.RetentionConfig; the daemon sets and reloads it
         self.latest = LatestLabels()  # the replay filter
-        #: the wide path's second look at each signal it learned (`_learn_wide`)
-        self.second_look: SecondLook[tuple] = SecondLook(settings.wide_second_look)
         self.promotion = PromotionGate(settings.promotion_holdout_share,
                                        settings.promotion_holdout_size,
                                        settings.promotion_margin,
@@ -151,13 +148,7 @@ class Trainer(GpuFallback, threading.Thread):
                                    cosine_steps=s.cosine_steps)
         if opt_state is not None:
             self.opt.load_state(opt_state["m"], opt_state["v"], opt_state["t"])
-        self.wide = None
-        if "wide.w" in model.params:
-            # The wide path's AdaGrad state is the tail of AdamW's v, which AdamW skips.
-            self.wide = WideAdaGrad.for_model(model, self.opt.v, lr=s.wide_lr, l2=s.wide_l2,
-                                              pair_lr=s.wide_pair_lr,
-                                              pair_first=s.wide_pair_first)
-        self._wide_dirty = False  # wide weights changed since the last swap
+        self.wide_path.install(model, self.opt.v)
         xp = model.ops.xp
         model.ewc = EWC(model.num_params, lam=s.lambda_ewc, decay=s.ewc_decay, xp=xp,
                         dtype=str(model.dtype))
@@ -238,11 +229,7 @@ class Trainer(GpuFallback, threading.Thread):
         self.model.lambda_bce, self.model.lambda_ce = s.lambda_bce, s.lambda_ce
         self.model.ewc.lam = s.lambda_ewc
         self.opt.lr = s.lr
-        if self.wide is not None:
-            self.wide.lr, self.wide.l2 = s.wide_lr, s.wide_l2
-            self.wide.pair_lr, self.wide.pair_first = s.wide_pair_lr, s.wide_pair_first
-        if hasattr(self, "second_look"):
-            self.second_look.delay = 0 if s.wide_residual else s.wide_second_look
+        self.wide_path.apply_settings(s)
         if hasattr(self, "promotion"):
             self.promotion.margin = s.promotion_margin
         self.opt.weight_decay, self.opt.clip_norm = s.weight_decay, s.clip_norm
@@ -378,8 +365,8 @@ class Trainer(GpuFallback, threading.Thread):
             ex["held"] = self.promotion.holds(ex)
             if ex["feedback"] in CORRECTIONS:
                 self.promotion.relabel(ex["fp"], ex["label"])
-            self.second_look.note(ex["fp"], ex["label"])  # a correction relabels its look
-        self.latest.note(fresh_examples)  # before the wide path replays (`_learn_wide`)
+            self.wide_path.relabel(ex["fp"], ex["label"])  # a correction relabels its look
+        self.latest.note(fresh_examples)  # before the wide path replays (`_wide_replay`)
         self._candidates += self._score(fresh_examples)
         self.promotion.add([ex for ex in fresh_examples if ex["held"]])
         self.status.last_trained_seq = fresh[-1][0]
@@ -425,13 +412,13 @@ class Trainer(GpuFallback, threading.Thread):
         sources = source_batch([(e["context"], e["history"]) for e in fresh], self.model.cfg)
         z, p, snap = self.serving.score_sources(sources)
         z_deep = z - snap.model.wide_logit(sources)
-        self._learn_wide(sources, z_deep, fresh)
+        self.wide_path.learn(sources, z_deep, fresh, self._wide_replay)
         hard: list[tuple[float, dict]] = []
         for zi, pi, zdi, ex in zip(z, p, z_deep, fresh, strict=True):
             self.last_scores.append((ex["seq"], float(pi), float(zi), float(zdi)))
             began = self.monitor.observe(ex["seq"], ex["fp"], ex["feedback"], ex["label"],
                                          float(zi), float(pi), tool_of(ex["context"]),
-                                         float(zdi) if self.wide is not None else 0.0)
+                                         float(zdi) if self.wide_path.learner is not None else 0.0)
             if began is not None:
                 self._on_drift(began, ex["seq"])
             p_label = float(pi) if ex["label"] >= 0.5 else 1.0 - float(pi)
@@ -450,51 +437,12 @@ class Trainer(GpuFallback, threading.Thread):
             self.serving.calibration = cal
         return hard
 
-    def _learn_wide(self, sources: dict, z_deep: np.ndarray, fresh: list[dict]) -> None:
-        """The wide path learns from every fresh signal, in order, at once: AdaGrad with
-        the serving transformer's logit as the fixed rest of the gate's (engine/wide.py),
-        or with 0 there when `wide_residual` is off (it then learns on its own, and only
-        the transformer's step sees the other part). After each, `train.wide_replay`
-        examples from the replay reservoir, interleaved (`_wide_replay`): a second look at
-        what came before (off by default: it learns faster before a policy change and
-        adapts slower after one; docs/learning.md, "The wide path replays").
-        Cheap (a few hundred buckets per signal), so nothing is skipped, not even when the
-        transformer falls behind.
-
-        Each learned signal also gets a second look `train.wide_second_look` signals
-        later, under the newest label of its call (a correction's), at weight 1: by then
-        the gate's mistakes are mostly corrected (online/second_look.py; docs/learning.md,
-        "A second look"). Off with `wide_residual` (the transformer's logit it would be
-        learned beside is not the one of then). Until then, an "allow" that the pair term
-        contradicts by more than `train.wide_pair_hold` steps the linear weights only
-        (`WideAdaGrad.learn`; docs/learning.md, "The pair term holds")."""
-        if self.wide is None:
-            return
-        residual = self.settings.wide_residual
-        # the pair term learns a contradicting "allow" at the second look, if there is one
-        hold = self.settings.wide_pair_hold if self.second_look.delay > 0 else 0.0
-        learn = [i for i, ex in enumerate(fresh) if not ex.get("held")]
-        replay, r_src = self._wide_replay(len(learn) * self.settings.wide_replay)
-        per = len(replay) / max(1, len(learn))
-        for n, i in enumerate(learn):
-            ex = fresh[i]
-            row = _wide_row(sources, i)  # learned now, and kept for its second look
-            self.wide.learn(row[0], row[1], float(z_deep[i]) if residual else 0.0,
-                            ex["label"], ex["weight"], row[2], pair_hold=hold)
-            for j in range(round(n * per), round((n + 1) * per)):  # interleaved, in turn
-                r_idx, r_val, r_pair = _wide_row(r_src, j)
-                self.wide.learn(r_idx, r_val, 0.0, replay[j]["label"], replay[j]["weight"],
-                                r_pair)
-            for (idx, val, pair), label in self.second_look.push(ex["seq"], ex["fp"],
-                                                                 ex["label"], row):
-                self.wide.learn(idx, val, 0.0, label, 1.0, pair)
-        self._wide_dirty = True
-
     def _wide_replay(self, n: int) -> tuple[list[dict], dict]:
-        """`n` examples from the replay reservoir for the wide path to learn again, as the
-        transformer's step draws them (uniform; superseded and relabelled by corrections,
-        dropped after a drift, contradicted ones left out: `LatestLabels`), with their
-        features. None with `wide_residual` (their transformer logits would cost a forward)."""
+        """`n` examples from the replay reservoir for the wide path to learn again
+        (`WidePath.learn`, `train.wide_replay`), as the transformer's step draws them
+        (uniform; superseded and relabelled by corrections, dropped after a drift,
+        contradicted ones left out: `LatestLabels`), with their features. None with
+        `wide_residual` (their transformer logits would cost a forward)."""
         if n <= 0 or self.settings.wide_residual:
             return [], {}
         replay = self.latest.current(self.store.reservoir_sample(n, self.rng))
@@ -510,9 +458,7 @@ class Trainer(GpuFallback, threading.Thread):
         signals, tell the operator."""
         dropped = self.store.reservoir_forget_before(began_seq)
         self.promotion.forget(seen_seq)
-        self.second_look.forget_before(began_seq)  # their labels are the old policy's
-        if self.wide is not None:
-            self.wide.relax(self.settings.drift_wide_relax)
+        self.wide_path.on_drift(began_seq)  # its waiting looks carry the old labels
         log.warning("drift: the serving model's error rate rose (Page-Hinkley); the change "
                     "began around signal %d. Dropped %d replay examples labelled before it "
                     "(human corrections kept); EWC off and replay at %.0f%% for the next %d "
@@ -578,7 +524,7 @@ class Trainer(GpuFallback, threading.Thread):
         self.opt.v[...] = xp.asarray(g.v)
         self.opt.t = g.t
         self._deep_version += 1
-        self._wide_dirty = False  # the wide path is back at its published weights too
+        self.wide_path.dirty = False  # the wide path is back at its published weights too
         self._count_rollback(why)
 
     def _count_rollback(self, why: str) -> None:
@@ -602,7 +548,7 @@ class Trainer(GpuFallback, threading.Thread):
         """Publish the training weights now, changed or not (a fresh start or --reinit:
         the stored published version must be what this trainer scores with). Not judged
         by the promotion gate: they are what serves already."""
-        self._wide_dirty = True
+        self.wide_path.dirty = True
         return self._maybe_swap(force=True, judge=False)
 
     def _promoted(self) -> bool:
@@ -626,7 +572,7 @@ class Trainer(GpuFallback, threading.Thread):
         return False
 
     def _maybe_swap(self, force: bool, judge: bool = True) -> bool:
-        if self._steps_since_swap == 0 and not self._wide_dirty:
+        if self._steps_since_swap == 0 and not self.wide_path.dirty:
             return False
         s = self.settings
         due = self._steps_since_swap >= s.swap_every_steps or self.clock() >= self.next_swap_at
@@ -654,7 +600,7 @@ class Trainer(GpuFallback, threading.Thread):
         if self.model.ewc.lam > 0:
             self.model.ewc.consolidate(self.model.flat)
         self._steps_since_swap = 0
-        self._wide_dirty = False
+        self.wide_path.dirty = False
         self._last_swap_time = self.clock()
         self.events.on_swap(version)
         return True
@@ -694,17 +640,3 @@ class Trainer(GpuFallback, threading.Thread):
             log.exception("final checkpoint failed; the previous checkpoint is kept and the "
                           "signals after it will be re-trained on restart")
 
-
-def _wide_row(sources: dict, i: int) -> tuple:
-    """(idx, val, pair features or None) of row `i` of a `source_batch`: what
-    `WideAdaGrad.learn` reads of one signal, trimmed of padding (value 0, which the
-    learner drops anyway) into copies, so a row kept for a second look does not keep its
-    whole batch alive."""
-    idx, val = sources["wide_idx"][i], sources["wide_val"][i]
-    pair = tuple(sources[k][i] for k in PAIR_KEYS) if PAIR_KEYS[0] in sources else None
-    keep = val != 0
-    if pair is not None:
-        c_idx, c_val, h_idx, h_val, h_grp = pair
-        c_keep, h_keep = c_val != 0, h_val != 0
-        pair = (c_idx[c_keep], c_val[c_keep], h_idx[h_keep], h_val[h_keep], h_grp[h_keep])
-    return idx[keep], val[keep], pair

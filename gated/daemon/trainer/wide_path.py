@@ -1,0 +1,126 @@
+"""The wide path's schedule inside the trainer: what it learns from each fresh signal, when,
+and under which label.
+
+The learner (engine/wide_learner.py `WideAdaGrad`) steps one signal at a time; this is
+the order and the labels the trainer gives it: every fresh signal at once (first look),
+replayed examples interleaved when `train.wide_replay` asks for them, and a second look at
+each signal `train.wide_second_look` signals later under the newest label of its call
+(online/second_look.py). The transformer's step and the publication of the weights are the
+trainer's (loop.py); this module only moves the wide slots of the training weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from ...config import TrainConfig
+from ...engine import Model
+from ...engine.wide import PAIR_KEYS
+from ...engine.wide_learner import WideAdaGrad
+from ...online.second_look import SecondLook
+
+#: `n` -> (replayed examples, their `source_batch`): what the trainer's reservoir gives
+#: the wide path to learn again (loop.py `Trainer._wide_replay`)
+DrawReplay = Callable[[int], tuple[list[dict], dict]]
+
+
+class WidePath:
+    """`learner` (None when the model has no wide path) and its schedule; `dirty` says that
+    the wide weights changed since the trainer last published them."""
+
+    def __init__(self, settings: TrainConfig) -> None:
+        self.learner: WideAdaGrad | None = None
+        #: the second look at each signal the wide path learned
+        self.second_look: SecondLook[tuple] = SecondLook(settings.wide_second_look)
+        self.dirty = False
+        self.apply_settings(settings)
+
+    def install(self, model: Model, adamw_v) -> None:
+        """Learn the wide slots of `model`'s weights; the AdaGrad sums are the tail of
+        AdamW's `v` (`adamw_v`), which AdamW skips. The second looks waiting are kept: they
+        hold features and labels, not weights."""
+        s = self.settings
+        self.learner = (WideAdaGrad.for_model(model, adamw_v, lr=s.wide_lr, l2=s.wide_l2,
+                                              pair_lr=s.wide_pair_lr,
+                                              pair_first=s.wide_pair_first)
+                        if "wide.w" in model.params else None)
+        self.dirty = False
+
+    def apply_settings(self, s: TrainConfig) -> None:
+        self.settings = s
+        if self.learner is not None:
+            self.learner.lr, self.learner.l2 = s.wide_lr, s.wide_l2
+            self.learner.pair_lr, self.learner.pair_first = s.wide_pair_lr, s.wide_pair_first
+        # the second look learns beside a transformer logit of 0; with `wide_residual` the
+        # logit of its first look would be another transformer's: no second look then
+        self.second_look.delay = 0 if s.wide_residual else s.wide_second_look
+
+    def relabel(self, fp: str, label: float) -> None:
+        """A newer signal for the call `fp` (a correction): its waiting look takes `label`."""
+        self.second_look.note(fp, label)
+
+    def learn(self, sources: dict, z_deep: np.ndarray, fresh: list[dict],
+              draw_replay: DrawReplay) -> None:
+        """The wide path learns from every fresh signal (not held back for the promotion
+        gate), in order, at once: AdaGrad with the serving transformer's logit `z_deep` as
+        the fixed rest of the gate's (engine/wide.py), or with 0 there when `wide_residual`
+        is off (it then learns on its own, and only the transformer's step sees the other
+        part). After each, `train.wide_replay` examples from the replay reservoir,
+        interleaved: a second look at what came before (off by default: it learns faster
+        before a policy change and adapts slower after one; docs/learning.md, "The wide
+        path replays"). Cheap (a few hundred buckets per signal), so nothing is skipped,
+        not even when the transformer falls behind.
+
+        Each learned signal also gets a second look `train.wide_second_look` signals
+        later, under the newest label of its call (a correction's), at weight 1: by then
+        the gate's mistakes are mostly corrected (docs/learning.md, "A second look").
+        Until then, an "allow" that the pair term contradicts by more than
+        `train.wide_pair_hold` steps the linear weights only (`WideAdaGrad.learn`;
+        docs/learning.md, "The pair term holds")."""
+        if self.learner is None:
+            return
+        s = self.settings
+        # the pair term learns a contradicting "allow" at the second look, if there is one
+        hold = s.wide_pair_hold if self.second_look.delay > 0 else 0.0
+        learn = [i for i, ex in enumerate(fresh) if not ex.get("held")]
+        n_replay = len(learn) * s.wide_replay
+        replay, r_src = draw_replay(n_replay) if n_replay > 0 else ([], {})
+        per = len(replay) / max(1, len(learn))
+        for n, i in enumerate(learn):
+            ex = fresh[i]
+            row = wide_row(sources, i)  # learned now, and kept for its second look
+            self.learner.learn(row[0], row[1], float(z_deep[i]) if s.wide_residual else 0.0,
+                               ex["label"], ex["weight"], row[2], pair_hold=hold)
+            for j in range(round(n * per), round((n + 1) * per)):  # interleaved, in turn
+                r_idx, r_val, r_pair = wide_row(r_src, j)
+                self.learner.learn(r_idx, r_val, 0.0, replay[j]["label"], replay[j]["weight"],
+                                   r_pair)
+            for (idx, val, pair), label in self.second_look.push(ex["seq"], ex["fp"],
+                                                                 ex["label"], row):
+                self.learner.learn(idx, val, 0.0, label, 1.0, pair)
+        self.dirty = True
+
+    def on_drift(self, began_seq: int) -> None:
+        """A policy change began at `began_seq`: the looks waiting from before it carry the
+        old policy's labels (dropped), and AdaGrad's shrunken steps are relaxed
+        (`train.drift_wide_relax`) so the path moves as fast as at the start."""
+        self.second_look.forget_before(began_seq)
+        if self.learner is not None:
+            self.learner.relax(self.settings.drift_wide_relax)
+
+
+def wide_row(sources: dict, i: int) -> tuple:
+    """(idx, val, pair features or None) of row `i` of a `source_batch`: what
+    `WideAdaGrad.learn` reads of one signal, trimmed of padding (value 0, which the
+    learner drops anyway) into copies, so a row kept for a second look does not keep its
+    whole batch alive."""
+    idx, val = sources["wide_idx"][i], sources["wide_val"][i]
+    pair = tuple(sources[k][i] for k in PAIR_KEYS) if PAIR_KEYS[0] in sources else None
+    keep = val != 0
+    if pair is not None:
+        c_idx, c_val, h_idx, h_val, h_grp = pair
+        c_keep, h_keep = c_val != 0, h_val != 0
+        pair = (c_idx[c_keep], c_val[c_keep], h_idx[h_keep], h_val[h_keep], h_grp[h_keep])
+    return idx[keep], val[keep], pair
