@@ -22,7 +22,7 @@ from ...engine.wide_learner import WideAdaGrad
 from ...online.second_look import SecondLook
 
 #: `n` -> (replayed examples, their `source_batch`): what the trainer's reservoir gives
-#: the wide path to learn again (loop.py `Trainer._wide_replay`)
+#: the wide path to learn again (loop.py `Trainer._wide_replay`; nothing for `n` <= 0)
 DrawReplay = Callable[[int], tuple[list[dict], dict]]
 
 
@@ -85,8 +85,7 @@ class WidePath:
         # the pair term learns a contradicting "allow" at the second look, if there is one
         hold = s.wide_pair_hold if self.second_look.delay > 0 else 0.0
         learn = [i for i, ex in enumerate(fresh) if not ex.get("held")]
-        n_replay = len(learn) * s.wide_replay
-        replay, r_src = draw_replay(n_replay) if n_replay > 0 else ([], {})
+        replay, r_src = draw_replay(len(learn) * s.wide_replay)
         per = len(replay) / max(1, len(learn))
         for n, i in enumerate(learn):
             ex = fresh[i]
