@@ -28,7 +28,6 @@ too (measured 2026-11-25, eighth session; not kept)".
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from pathlib import Path
 
@@ -43,8 +42,6 @@ from gated.engine import tokenizer, wide  # noqa: E402
 from gated.engine.known_names import egress_call  # noqa: E402
 from gated.engine.wide_learner import WideAdaGrad  # noqa: E402
 
-_URL_HOST = re.compile(r"\w+://([^/:#?\s]+)")
-
 
 def destination(context: str) -> str | None:
     """The last two labels of where a call sends to: the ``to`` argument's domain when it
@@ -55,8 +52,8 @@ def destination(context: str) -> str | None:
     host = None
     if isinstance(to, str) and "@" in to:
         host = to.rsplit("@", 1)[1]
-    elif isinstance(url, str) and (m := _URL_HOST.match(url)):
-        host = m.group(1)
+    elif isinstance(url, str) and (m := wide._URL_AUTHORITY.search(url)):
+        host = m.group().rpartition("@")[2].split(":")[0]  # the authority less user, port
     return ".".join(host.lower().split(".")[-2:]) if host else None
 
 
