@@ -19,6 +19,29 @@ too (measured 2026-11-25, eighth session; not kept)".
                                the wide logit contradicts by more than H is not learned
                                at all until its second look (the pair term's hold,
                                `train.wide_pair_hold`, extended to the linear weights)
+    --experiment shared-view=P[:words][:history]
+                               every step of the linear weights is followed by a second
+                               one, at P times the signal's weight, on the same signal
+                               with its value-specific features left out: the call's byte
+                               n-grams (``:words``: its argument words too; ``:history``:
+                               the history's n-grams too). Why: a block category's first
+                               examples are carried by their unique n-grams (AdaGrad's
+                               first step on a fresh bucket is a full lr), so the features
+                               an unseen value shares with them (shapes, marks, SQL verbs)
+                               learn little; the second view makes them carry the label
+                               alone, as dropout of the value features would
+    --experiment adagrad-init=G0[:pair]
+                               AdaGrad's squared-gradient sums of the linear weights start
+                               at G0 instead of 0 (``:pair``: the pair tables' too): a
+                               fresh bucket's first step is lr g / sqrt(G0 + g^2) rather
+                               than a full lr whatever g, so the ~300 small-valued n-grams
+                               of a call no longer each jump as far as a structured
+                               feature of ten times their value
+    --experiment pair-lr=LR:N  the pair term's AdaGrad rate is LR (the daemon's: 0.1) until
+                               N signals have had their first look, then the daemon's:
+                               a conjunction learned from the first dozen exfiltrations
+                               starts from two small factors (init 0.1), whose product
+                               grows slowly at first
 
     .venv/bin/python bench/bench_wide_experiments.py --experiment destination -- \\
         --seeds 0 1 2 3 4 5 --signals 10000 --switch-at 4000 --every 500 --init-seed -1 \\
@@ -85,6 +108,93 @@ def with_allow_hold(learn, threshold: float, held: list[int]):
     return hold_or_learn
 
 
+#: the kept positions of the shared view, per wide feature row (keyed by its bucket ids)
+_SHARED_VIEW: dict[bytes, np.ndarray] = {}
+_LAST: dict[str, int] = {}
+
+
+def record_parts(words: bool, history: bool) -> None:
+    """Wrap the tokenizer's feature functions so that each single-row `source_batch`
+    registers which of its wide features the shared view keeps (`_SHARED_VIEW`)."""
+    ngrams, structured, batch = (tokenizer.wide_features, tokenizer.structured_features,
+                                 bench_wide_features.source_batch)
+
+    def wide_features(ids, segs, n_max, buckets, history_scale=1.0):
+        idx, val = ngrams(ids, segs, n_max, buckets, history_scale)
+        call = np.asarray(ids, np.uint64)[np.asarray(segs) == 0]
+        _LAST["call"] = len(wide._segment_features(call, 0, n_max, buckets)[0])
+        _LAST["ngrams"] = len(idx)
+        return idx, val
+
+    def structured_features(context, history, buckets, word_scale, *rest):
+        out = structured(context, history, buckets, word_scale, *rest)
+        _LAST["words"] = (len(structured(context, None, buckets, word_scale, 0.0)[0])
+                          if word_scale > 0 else 0)
+        return out
+
+    def source_batch(items, cfg):
+        b = batch(items, cfg)
+        if len(items) == 1:
+            keep = np.ones(b["wide_idx"].shape[1], bool)
+            keep[1: 1 + _LAST["call"]] = False  # the bias (position 0) stays
+            if history:
+                keep[1 + _LAST["call"]: _LAST["ngrams"]] = False
+            if words:  # structured_features puts the argument words first
+                keep[_LAST["ngrams"]: _LAST["ngrams"] + _LAST.get("words", 0)] = False
+            if len(_SHARED_VIEW) > 50_000:  # second looks come 200 signals later
+                _SHARED_VIEW.pop(next(iter(_SHARED_VIEW)))
+            _SHARED_VIEW[b["wide_idx"][0].tobytes()] = keep
+        return b
+
+    tokenizer.wide_features, tokenizer.structured_features = wide_features, structured_features
+    bench_wide_features.source_batch = source_batch
+
+
+def with_shared_view(learn, share: float, steps: list[int]):
+    """`WideAdaGrad.learn`, then a step of the linear weights alone on the signal's shared
+    view at `share` times its weight (the pair term in the logit, held still)."""
+    def learn_then_view(self, idx, val, z_rest, label, weight, pair=None, pair_hold=0.0):
+        z = learn(self, idx, val, z_rest, label, weight, pair, pair_hold)
+        keep = _SHARED_VIEW.get(np.asarray(idx).tobytes())
+        if keep is not None:
+            st = self._gradient(np.asarray(idx)[keep], np.asarray(val)[keep], z_rest, label,
+                                share * weight, pair)
+            self._step(self.w, self.g2, st["d_idx"], st["w_now"], st["g"], self.lr)
+            steps[0] += 1
+        return z
+    return learn_then_view
+
+
+def with_adagrad_init(step, g0: float, pair: bool):
+    """`WideAdaGrad._step` whose sums read as G0 more than they hold (the linear table's;
+    the pair tables' too with `pair`): the same as starting them at G0."""
+    def step_from_g0(self, table, sums, d_idx, now, g, lr):
+        if table is not self.w and not pair:
+            return step(self, table, sums, d_idx, now, g, lr)
+        g2 = self._host(sums[d_idx]).astype(np.float64) + g * g
+        sums[d_idx] = self.xp.asarray(g2, dtype=sums.dtype)
+        table[d_idx] = self.xp.asarray(now - lr * g / (np.sqrt(g0 + g2) + self.eps),
+                                       dtype=table.dtype)
+    return step_from_g0
+
+
+def with_pair_lr(learn, early_lr: float, until: int):
+    """`WideAdaGrad.learn` at pair rate `early_lr` for the first `until` first looks (the
+    harness marks a first look by its pair hold > 0)."""
+    first_looks = [0]
+
+    def learn_at_rate(self, idx, val, z_rest, label, weight, pair=None, pair_hold=0.0):
+        if pair_hold > 0:
+            first_looks[0] += 1
+        rate = self.pair_lr
+        self.pair_lr = early_lr if first_looks[0] <= until else rate
+        try:
+            return learn(self, idx, val, z_rest, label, weight, pair, pair_hold)
+        finally:
+            self.pair_lr = rate
+    return learn_at_rate
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--experiment", required=True, action="append",
@@ -92,7 +202,7 @@ def main() -> None:
     ap.add_argument("rest", nargs=argparse.REMAINDER,
                     help="-- then bench_wide_features.py's arguments")
     a = ap.parse_args()
-    held = [0]
+    held, views = [0], [0]
     for exp in a.experiment:
         if exp.startswith("destination"):  # destination[:SCALE][:egress]
             opts = exp.split(":")[1:]
@@ -102,19 +212,32 @@ def main() -> None:
         elif exp.startswith("allow-hold="):
             WideAdaGrad.learn = with_allow_hold(WideAdaGrad.learn,
                                                 float(exp.split("=", 1)[1]), held)
+        elif exp.startswith("shared-view="):  # shared-view=P[:words][:history]
+            share, *opts = exp.split("=", 1)[1].split(":")
+            record_parts("words" in opts, "history" in opts)
+            WideAdaGrad.learn = with_shared_view(WideAdaGrad.learn, float(share), views)
+        elif exp.startswith("adagrad-init="):  # adagrad-init=G0[:pair]
+            g0, *opts = exp.split("=", 1)[1].split(":")
+            WideAdaGrad._step = with_adagrad_init(WideAdaGrad._step, float(g0), "pair" in opts)
+        elif exp.startswith("pair-lr="):  # pair-lr=LR:N
+            early, until = exp.split("=", 1)[1].split(":")
+            WideAdaGrad.learn = with_pair_lr(WideAdaGrad.learn, float(early), int(until))
         else:
-            ap.error(f"unknown experiment {exp!r}: destination[:SCALE][:egress] or "
-                     "allow-hold=H")
+            ap.error(f"unknown experiment {exp!r}: destination[:SCALE][:egress], "
+                     "allow-hold=H, shared-view=P[:words][:history], adagrad-init=G0[:pair] "
+                     "or pair-lr=LR:N")
     rest = a.rest[1:] if a.rest[:1] == ["--"] else a.rest
     pair_hold = float(rest[rest.index("--pair-hold") + 1]) if "--pair-hold" in rest else 0.0
-    if any(e.startswith("allow-hold=") for e in a.experiment) and pair_hold <= 0:
-        ap.error("allow-hold holds first looks only, which the harness marks by its pair "
-                 "hold: pass --pair-hold H (> 0) too")
+    if any(e.startswith(("allow-hold=", "pair-lr=")) for e in a.experiment) and pair_hold <= 0:
+        ap.error("allow-hold and pair-lr count first looks, which the harness marks by its "
+                 "pair hold: pass --pair-hold H (> 0) too")
     print(f"experiments: {', '.join(a.experiment)}", flush=True)
     sys.argv = [sys.argv[0], *rest]
     bench_wide_features.main()
     if held[0]:
         print(f"first-look allows held from the linear weights: {held[0]}")
+    if views[0]:
+        print(f"shared-view steps: {views[0]}")
 
 
 if __name__ == "__main__":

@@ -209,11 +209,11 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
                                               < 0)}
     g = np.array([np.mean(right_w[j - CHECK:j]) for j in range(CHECK, len(right_w) + 1, CHECK)])
     a = np.array([np.mean(right_a[j - CHECK:j]) for j in range(CHECK, len(right_a) + 1, CHECK)])
-    curve = {k: np.array([at[p][k] for p in sorted(at) if every and p % every == 0])
-             for k in ("unseen", "recall", "history")}
+    marks = [p for p in sorted(at) if every and p % every == 0]
+    curve = {k: np.array([at[p][k] for p in marks]) for k in ("unseen", "recall", "history")}
     return {"ahead": int(np.sum(g > a)), "checks": len(g), "mean": float(np.mean(g - a)),
             "worst": float(np.min(g - a)), "first": float(g[0] - a[0]), "at": at,
-            "curve": curve}
+            "curve": curve, "marks": marks}
 
 
 def main() -> None:
@@ -289,6 +289,13 @@ def main() -> None:
                   + (" " + " | ".join(f"{np.sum(c >= 0.9)}/{len(c)}, {np.mean(c):.3f}"
                                       for c in r["curve"].values()) + " |" if a.every else ""),
                   flush=True)
+            if a.every:  # where each probe is below 0.90: the checkpoints behind its count
+                print("  below 0.90 at: " + "; ".join(
+                    f"{name} " + (", ".join(f"{m:,} {v:.2f}" for m, v in zip(r["marks"], c,
+                                                                         strict=True)
+                                            if v < 0.9) or "none")
+                    for name, c in zip(("unseen", "block recall", "history"),
+                                       r["curve"].values(), strict=True)), flush=True)
 
 
 if __name__ == "__main__":
