@@ -8,7 +8,7 @@ number, so a restart re-trains exactly what came after the last checkpoint.
 
 Per step: take fresh signals, score each with the SERVING snapshot before training on it
 (progressive validation), mix in replayed examples, forward/backward/clip/AdamW on the
-trainer's own copy, roll back on NaN/Inf, swap every N steps or T seconds.
+trainer's own copy, roll back on NaN/Inf, swap every N steps or T seconds (publication.py).
 A step that raises on the GPU is handled by gpu.py; on the CPU an exception is a bug and
 still surfaces (the trainer process exits and its supervisor restarts it).
 """
@@ -35,14 +35,12 @@ from ..serving import Calibration, Serving
 from .gpu import GpuFallback
 from .latest import LatestLabels
 from .promotion import PromotionGate
+from .publication import Publication
 from .wide_path import WidePath
 
 __all__ = ["AlignmentWindow", "Trainer", "TrainerEvents"]
 
 log = logging.getLogger("gated.trainer")
-
-#: Published versions kept in LMDB (what `gated rollback --to` can go back to).
-KEEP_VERSIONS = 10
 
 
 class TrainerEvents:
@@ -61,17 +59,6 @@ class TrainerEvents:
 
 
 @dataclass
-class _GoodState:
-    """The last published weights and their optimiser state, in HOST memory: a rollback
-    copies them back, and a GPU that no longer answers cannot take them with it."""
-
-    flat: np.ndarray
-    m: np.ndarray
-    v: np.ndarray
-    t: int
-
-
-@dataclass
 class TrainerStatus:
     step: int = 0
     version: int = 0
@@ -82,7 +69,7 @@ class TrainerStatus:
     last_checkpoint: float = 0.0
 
 
-class Trainer(GpuFallback, threading.Thread):
+class Trainer(GpuFallback, Publication, threading.Thread):
     """Owns the training model and optimiser; nothing else touches them."""
 
     def __init__(self, store, serving: Serving, model: Model, settings: TrainConfig, *,
@@ -504,139 +491,3 @@ class Trainer(GpuFallback, threading.Thread):
         self.store.append_metrics(self.status.step, {
             **self.status.last_loss, "alignment": self.window.alignment, "t": time.time()})
         return info
-
-    # --- swap, rollback, checkpoint ------------------------------------------------------------
-    def _host_copy(self, a) -> np.ndarray:
-        """A host array with the values of `a` that does not alias it."""
-        host = self.model.ops.to_numpy(a)
-        return np.array(host, copy=True) if isinstance(a, np.ndarray) else host
-
-    def _capture(self, flat: np.ndarray | None = None) -> _GoodState:
-        """The current weights and optimiser state, copied to host memory (`flat`: a host
-        copy of the weights already made)."""
-        return _GoodState(self._host_copy(self.model.flat) if flat is None else flat,
-                          self._host_copy(self.opt.m), self._host_copy(self.opt.v), self.opt.t)
-
-    def _rollback(self, why: str) -> None:
-        g, xp = self._good, self.model.ops.xp
-        self.model.flat[...] = xp.asarray(g.flat)
-        self.opt.m[...] = xp.asarray(g.m)
-        self.opt.v[...] = xp.asarray(g.v)
-        self.opt.t = g.t
-        self._deep_version += 1
-        self.wide_path.dirty = False  # the wide path is back at its published weights too
-        self._count_rollback(why)
-
-    def _count_rollback(self, why: str) -> None:
-        self.status.rollbacks += 1
-        log.warning("training step rolled back (%s): weights and optimiser state restored to "
-                    "published version %d; nothing non-finite was published", why,
-                    self.status.version)
-        self.events.on_rollback(why)
-
-    @property
-    def next_swap_at(self) -> float:
-        """When (by `clock`) the swap cadence next allows a publication."""
-        return self._last_swap_time + self.settings.swap_every_seconds
-
-    def publish_if_due(self) -> bool:
-        """Idle (nothing fresh to take): publish what the wide path learned, if a swap is
-        due and the promotion gate agrees."""
-        return self._maybe_swap(force=False)
-
-    def publish_now(self) -> bool:
-        """Publish the training weights now, changed or not (a fresh start or --reinit:
-        the stored published version must be what this trainer scores with). Not judged
-        by the promotion gate: they are what serves already."""
-        self.wide_path.dirty = True
-        return self._maybe_swap(force=True, judge=False)
-
-    def _promoted(self) -> bool:
-        """The promotion gate's verdict on the training weights (promotion.py); a refusal
-        is logged and counted, and after `promotion_max_refusals` in a row training
-        restarts from the serving weights."""
-        d = self.promotion.judge(self.model, self._deep_version, self.serving)
-        self.events.on_promotion(d.as_dict())
-        if d.published:
-            self._refusals = 0
-            return True
-        self._refusals += 1
-        log.warning("promotion gate: candidate NOT published (%s); serving keeps version %d "
-                    "(refusal %d in a row)", d.reason, self.status.version, self._refusals)
-        self._last_swap_time = self.clock()  # judge again after the next interval
-        if self._refusals >= self.settings.promotion_max_refusals and not self._in_step:
-            # (in the middle of a step the rollback waits for the step's own swap)
-            self._refusals = 0
-            self._rollback(f"promotion gate refused {self.settings.promotion_max_refusals} "
-                           "candidates in a row")
-        return False
-
-    def _maybe_swap(self, force: bool, judge: bool = True) -> bool:
-        if self._steps_since_swap == 0 and not self.wide_path.dirty:
-            return False
-        s = self.settings
-        due = self._steps_since_swap >= s.swap_every_steps or self.clock() >= self.next_swap_at
-        if not (due or force):
-            return False
-        if not self.model.ops.all_finite(self.model.flat):
-            if not self._in_step:  # else after the step, which checks its weights
-                self._rollback("non-finite weights at swap")
-            return False
-        if judge and not (force or self.promotion.due(self._deep_version, self.serving)):
-            return False  # judging would take more than its share of the trainer's time
-        if judge and not self._promoted():
-            return False
-        version = self.status.version + 1
-        self.serving.swap(self.model.flat, version, self.status.step)
-        host = self._host_copy(self.model.flat)
-        cal = self.serving.calibration
-        self.store.publish(version, host, step=self.status.step, keep=KEEP_VERSIONS,
-                           extra={"calibration": [float(cal.a), float(cal.b), float(cal.d)]})
-        self.status.version = version
-        self.status.swaps += 1
-        if judge:
-            self.promotion.published(version)
-        self._good = self._capture(flat=host)
-        if self.model.ewc.lam > 0:
-            self.model.ewc.consolidate(self.model.flat)
-        self._steps_since_swap = 0
-        self.wide_path.dirty = False
-        self._last_swap_time = self.clock()
-        self.events.on_swap(version)
-        return True
-
-    def checkpoint(self) -> None:
-        to_np = self.model.ops.to_numpy
-        ewc = self.model.ewc.state()
-        self.store.save_checkpoint(
-            flat=to_np(self.model.flat), m=to_np(self.opt.m), v=to_np(self.opt.v),
-            step=self.status.step, last_trained_seq=self.status.last_trained_seq,
-            layout=self.model.layout, config_fingerprint=self.model.cfg.fingerprint(),
-            ewc={k: to_np(a) for k, a in ewc.items()},
-            extra={"opt_t": self.opt.t, "version": self.status.version,
-                   "window": self.window.dump(), "monitor": self.monitor.state()})
-        self._last_ckpt_step = self.status.step
-        self.status.last_checkpoint = time.time()
-        self.events.on_checkpoint(self.status.last_checkpoint)
-        self._prune()
-
-    def _prune(self) -> None:
-        """Retention: drop trained signals past the age/count limits (never untrained)."""
-        r = self.retention
-        if r is None or not (r.max_age_s or r.max_count):
-            return
-        pruned = self.store.prune(max_age_s=r.max_age_s or None, max_count=r.max_count or None,
-                                  upto_seq=self.status.last_trained_seq)
-        if pruned:
-            log.info("retention pruned %d trained signals", pruned)
-
-    def _final_checkpoint(self) -> None:
-        try:
-            self._maybe_swap(force=True)
-            self.checkpoint()
-            log.info("trainer stopped at step %d, version %d, last trained seq %d (checkpointed)",
-                     self.status.step, self.status.version, self.status.last_trained_seq)
-        except Exception:
-            log.exception("final checkpoint failed; the previous checkpoint is kept and the "
-                          "signals after it will be re-trained on restart")
-

@@ -6,7 +6,8 @@ the order and the labels the trainer gives it: every fresh signal at once (first
 replayed examples interleaved when `train.wide_replay` asks for them, and a second look at
 each signal `train.wide_second_look` signals later under the newest label of its call
 (online/second_look.py). The transformer's step and the publication of the weights are the
-trainer's (loop.py); this module only moves the wide slots of the training weights.
+trainer's (loop.py, publication.py); this module only moves the wide slots of the training
+weights.
 """
 
 from __future__ import annotations
