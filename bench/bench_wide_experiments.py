@@ -37,6 +37,20 @@ too (measured 2026-11-25, eighth session; not kept)".
                                than a full lr whatever g, so the ~300 small-valued n-grams
                                of a call no longer each jump as far as a structured
                                feature of ten times their value
+    --experiment ngram-scale=S the call's byte n-grams at S times their value (their
+                               segment's L2 norm S instead of 1): AdaGrad's steps do not
+                               depend on a feature's value, so this is their share of the
+                               logit against the structured features, whose scales were
+                               each tuned beside n-grams of norm 1 -- the n-grams a tool's
+                               calls all share carry its "allow" prior (+1 .. +1.8 on the
+                               held-out destructive queries and writes at 1,000 signals)
+    --experiment ema=D         the harness scores (the progressive stream and the probes)
+                               with an exponential moving average of the wide weights
+                               (decay D per learning step: ~1/(1-D) steps, ~1.8 a signal)
+                               while the learner steps the raw ones: online averaging
+                               against the swings of single late checkpoints (a held-out
+                               command allowed 20 of 20 at one checkpoint, 0 of 20 at the
+                               next, docs/learning.md "An allow-listed host")
     --experiment pair-lr=LR:N  the pair term's AdaGrad rate is LR (the daemon's: 0.1) until
                                N signals have had their first look, then the daemon's:
                                a conjunction learned from the first dozen exfiltrations
@@ -178,6 +192,50 @@ def with_adagrad_init(step, g0: float, pair: bool):
     return step_from_g0
 
 
+def with_ngram_scale(wide_features, scale: float):
+    """`wide.wide_features` with the call segment's n-gram values times `scale`."""
+    def scaled(ids, segs, n_max, buckets, history_scale=1.0):
+        idx, val = wide_features(ids, segs, n_max, buckets, history_scale)
+        call = np.asarray(ids, np.uint64)[np.asarray(segs) == 0]
+        n_call = len(wide._segment_features(call, 0, n_max, buckets)[0])
+        val = val.copy()
+        val[1: 1 + n_call] *= scale  # position 0 is the bias
+        return idx, val
+    return scaled
+
+
+def with_ema(learn, gradient, decay: float):
+    """(`learn` that updates an average of the wide tables after each step, `gradient` that
+    scores with the average): the harness scores through `WideAdaGrad.gradient` only."""
+    avg: dict[int, list] = {}
+
+    def tables(self) -> list:
+        return [self.w] + ([self.pair[0], self.pair[2]] if self.pair is not None else [])
+
+    def learn_then_average(self, *args, **kw):
+        z = learn(self, *args, **kw)
+        if id(self) not in avg:
+            avg[id(self)] = [t.copy() for t in tables(self)]
+        for mean, now in zip(avg[id(self)], tables(self), strict=True):
+            mean *= decay
+            mean += (1.0 - decay) * now
+        return z
+
+    def gradient_of_average(self, *args, **kw):
+        if id(self) not in avg:
+            return gradient(self, *args, **kw)
+        raw = self.w, self.pair
+        means = avg[id(self)]
+        self.w = means[0]
+        if self.pair is not None:
+            self.pair = (means[1], self.pair[1], means[2], self.pair[3])
+        try:
+            return gradient(self, *args, **kw)
+        finally:
+            self.w, self.pair = raw
+    return learn_then_average, gradient_of_average
+
+
 def with_pair_lr(learn, early_lr: float, until: int):
     """`WideAdaGrad.learn` at pair rate `early_lr` for the first `until` first looks (the
     harness marks a first look by its pair hold > 0)."""
@@ -219,13 +277,19 @@ def main() -> None:
         elif exp.startswith("adagrad-init="):  # adagrad-init=G0[:pair]
             g0, *opts = exp.split("=", 1)[1].split(":")
             WideAdaGrad._step = with_adagrad_init(WideAdaGrad._step, float(g0), "pair" in opts)
+        elif exp.startswith("ngram-scale="):
+            tokenizer.wide_features = with_ngram_scale(tokenizer.wide_features,
+                                                       float(exp.split("=", 1)[1]))
+        elif exp.startswith("ema="):
+            WideAdaGrad.learn, WideAdaGrad.gradient = with_ema(
+                WideAdaGrad.learn, WideAdaGrad.gradient, float(exp.split("=", 1)[1]))
         elif exp.startswith("pair-lr="):  # pair-lr=LR:N
             early, until = exp.split("=", 1)[1].split(":")
             WideAdaGrad.learn = with_pair_lr(WideAdaGrad.learn, float(early), int(until))
         else:
             ap.error(f"unknown experiment {exp!r}: destination[:SCALE][:egress], "
-                     "allow-hold=H, shared-view=P[:words][:history], adagrad-init=G0[:pair] "
-                     "or pair-lr=LR:N")
+                     "allow-hold=H, shared-view=P[:words][:history], adagrad-init=G0[:pair], "
+                     "ngram-scale=S, ema=D or pair-lr=LR:N")
     rest = a.rest[1:] if a.rest[:1] == ["--"] else a.rest
     pair_hold = float(rest[rest.index("--pair-hold") + 1]) if "--pair-hold" in rest else 0.0
     if any(e.startswith(("allow-hold=", "pair-lr=")) for e in a.experiment) and pair_hold <= 0:

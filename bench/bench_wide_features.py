@@ -213,6 +213,7 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
     curve = {k: np.array([at[p][k] for p in marks]) for k in ("unseen", "recall", "history")}
     return {"ahead": int(np.sum(g > a)), "checks": len(g), "mean": float(np.mean(g - a)),
             "worst": float(np.min(g - a)), "first": float(g[0] - a[0]), "at": at,
+            "behind": [(CHECK * (j + 1), g[j], a[j]) for j in np.flatnonzero(g <= a)],
             "curve": curve, "marks": marks}
 
 
@@ -295,7 +296,10 @@ def main() -> None:
                                                                          strict=True)
                                             if v < 0.9) or "none")
                     for name, c in zip(("unseen", "block recall", "history"),
-                                       r["curve"].values(), strict=True)), flush=True)
+                                       r["curve"].values(), strict=True))
+                      + "; not ahead of the anchor at: " + (", ".join(
+                          f"{m:,} {gm:.3f} / {am:.3f}" for m, gm, am in r["behind"]) or "none"),
+                      flush=True)
 
 
 if __name__ == "__main__":
