@@ -24,6 +24,9 @@ from .progressive import AlignmentWindow, CorrectedAlignment
 class MonitorSettings:
     window: int = 1000
     calibration_window: int = 2000
+    #: the first pairs of a fresh state, which the calibration map never sees (scored by a
+    #: model that had barely begun: online/calibration.py `PlattCalibrator`)
+    calibration_burn_in: int = 500
     drift_delta: float = 0.01
     drift_threshold: float = 12.0
     drift_min_samples: int = 200
@@ -42,7 +45,8 @@ class Monitor:
         self.window = AlignmentWindow(s.window)
         self.corrected = CorrectedAlignment(s.window)
         self.calibrator = PlattCalibrator(size=s.calibration_window,
-                                          share_prior=s.transformer_share_prior)
+                                          share_prior=s.transformer_share_prior,
+                                          burn_in=s.calibration_burn_in)
         self.drift = PageHinkley(s.drift_delta, s.drift_threshold, s.drift_min_samples)
         self.per_tool = PerTool()
         self._recent: deque[tuple[float, float]] = deque(maxlen=s.window)  # (p_cal, label)
