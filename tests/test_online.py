@@ -101,6 +101,56 @@ def test_platt_is_identity_until_it_has_data_and_never_inverts_the_gate():
     assert cal.a > 0
 
 
+def test_the_burn_in_pairs_never_reach_the_calibration_map():
+    """The first `burn_in` pairs were scored by a model that had barely begun: the map is
+    fitted as if they had never been seen (docs/learning.md, "The first calibration fit")."""
+    rng = np.random.default_rng(4)
+    early = [(rng.normal(0, 0.3), float(rng.random() < 0.84)) for _ in range(300)]
+    later = [(z, float(rng.random() < 1 / (1 + np.exp(-(0.5 * z - 1.0)))))
+             for z in rng.normal(0, 3, 600)]
+    burnt = PlattCalibrator(size=2000, refit_every=10**9, min_samples=1, burn_in=300)
+    fresh = PlattCalibrator(size=2000, refit_every=10**9, min_samples=1)
+    for z, y in early + later:
+        burnt.update(z, y)
+    for z, y in later:
+        fresh.update(z, y)
+    assert burnt.seen == 900 and list(burnt.z) == list(fresh.z) and len(burnt.z) == 600
+    burnt.fit()
+    fresh.fit()
+    assert burnt.params == fresh.params and burnt.params != (1.0, 0.0, 0.0)
+    # the same stream without the burn-in keeps the early pairs: a different map
+    kept = PlattCalibrator(size=2000, refit_every=10**9, min_samples=1)
+    for z, y in early + later:
+        kept.update(z, y)
+    kept.fit()
+    assert kept.params != burnt.params
+
+
+def test_the_burn_in_survives_a_restart_and_old_states_count_as_past_it():
+    cal = PlattCalibrator(burn_in=10)
+    for _ in range(7):
+        cal.update(1.0, 1.0)
+    restored = PlattCalibrator(burn_in=10)
+    restored.load(cal.state())
+    assert restored.seen == 7 and len(restored.z) == 0
+    for _ in range(5):  # three more of the burn-in, then two kept
+        restored.update(1.0, 1.0)
+    assert len(restored.z) == 2
+    old = cal.state() | {"z": [0.5] * 40, "zd": [0.0] * 40, "y": [1.0] * 40}
+    del old["seen"]  # a checkpoint written before the burn-in existed
+    before = PlattCalibrator(burn_in=500)
+    before.load(old)
+    assert before.seen == 500 and before.update(1.0, 1.0) is False and len(before.z) == 41
+
+
+def test_the_monitor_keeps_no_calibration_pair_of_a_fresh_states_first_500():
+    mon = Monitor()
+    assert mon.settings.calibration_burn_in == 500
+    for seq in range(1, 502):
+        mon.observe(seq, b"x" * 16, None, 1.0, 2.0, 0.9)
+    assert len(mon.calibrator.z) == 1 and mon.calibrator.seen == 501
+
+
 def test_corrected_alignment_relabels_the_predictions_of_a_corrected_call():
     w = CorrectedAlignment(10)
     a, b = b"a" * 16, b"b" * 16
