@@ -5,7 +5,8 @@ Why a wrapper and not a setting: a new `ModelConfig` field changes every state
 directory's fingerprint (`ModelConfig.fingerprint` hashes every field), so even an option
 left off would make every operator `--reinit`; an idea earns a field when it is kept.
 The measurements: docs/learning.md, "A destination key, and holding the linear weights
-too (measured 2026-11-25, eighth session; not kept)".
+too (measured 2026-11-25, eighth session; not kept)" (destination, allow-hold) and "Five
+more wide-path ideas, none kept" (shared-view, adagrad-init, ngram-scale, ema, pair-lr).
 
     --experiment destination[:SCALE][:egress]
                                the pair term's call side gains ``p|dest|<domain>``: the
