@@ -123,6 +123,13 @@ def with_allow_hold(learn, threshold: float, held: list[int]):
     return hold_or_learn
 
 
+def call_ngrams(ids, segs, n_max: int, buckets: int) -> int:
+    """How many n-gram features the call (segment 0) has: `wide.wide_features` lists them
+    right after the bias, before the history's."""
+    call = np.asarray(ids, np.uint64)[np.asarray(segs) == 0]
+    return len(wide._segment_features(call, 0, n_max, buckets)[0])
+
+
 #: the kept positions of the shared view, per wide feature row (keyed by its bucket ids)
 _SHARED_VIEW: dict[bytes, np.ndarray] = {}
 _LAST: dict[str, int] = {}
@@ -136,8 +143,7 @@ def record_parts(words: bool, history: bool) -> None:
 
     def wide_features(ids, segs, n_max, buckets, history_scale=1.0):
         idx, val = ngrams(ids, segs, n_max, buckets, history_scale)
-        call = np.asarray(ids, np.uint64)[np.asarray(segs) == 0]
-        _LAST["call"] = len(wide._segment_features(call, 0, n_max, buckets)[0])
+        _LAST["call"] = call_ngrams(ids, segs, n_max, buckets)
         _LAST["ngrams"] = len(idx)
         return idx, val
 
@@ -197,8 +203,7 @@ def with_ngram_scale(wide_features, scale: float):
     """`wide.wide_features` with the call segment's n-gram values times `scale`."""
     def scaled(ids, segs, n_max, buckets, history_scale=1.0):
         idx, val = wide_features(ids, segs, n_max, buckets, history_scale)
-        call = np.asarray(ids, np.uint64)[np.asarray(segs) == 0]
-        n_call = len(wide._segment_features(call, 0, n_max, buckets)[0])
+        n_call = call_ngrams(ids, segs, n_max, buckets)
         val = val.copy()
         val[1: 1 + n_call] *= scale  # position 0 is the bias
         return idx, val
