@@ -179,7 +179,7 @@ class PlattCalibrator:
         self.a, self.b = float(state["a"]), float(state["b"])
         self.d = float(state.get("d", 0.0))  # a checkpoint from before the share: 0
         # a checkpoint from before the burn-in kept every pair it saw: past it
-        self.seen = int(state.get("seen", max(self.burn_in, len(state.get("z", [])))))
+        self.seen = int(state.get("seen", self.burn_in))
         self.z.extend(state.get("z", []))
         self.zd.extend(state.get("zd", [0.0] * len(state.get("z", []))))
         self.y.extend(state.get("y", []))
