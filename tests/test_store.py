@@ -6,6 +6,7 @@ import asyncio
 import os
 import random
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -196,6 +197,59 @@ def test_group_commit_trusts_validated_signals_and_guards_only_the_shape(store):
     assert store.read_signals(0, 10)[0][1]["id"] == "i" * 511
     with pytest.raises(RuntimeError):
         gc.submit([vsig(4)])
+
+
+class _HeldStore:
+    """The real store, with its next append held until `release` (the writer thread
+    then sits inside a commit, as it does while a real one fsyncs)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store, self.entered, self._go = store, threading.Event(), threading.Event()
+        self.rounds: list[int] = []
+
+    def set_weights(self, table) -> None:
+        self.store.set_weights(table)
+
+    def append_signals(self, signals, **kw):
+        self.rounds.append(len(signals))
+        if not self._go.is_set():
+            self.entered.set()
+            self._go.wait(10)
+        return self.store.append_signals(signals, **kw)
+
+    def release(self) -> None:
+        self._go.set()
+
+
+def test_group_commit_waits_for_the_callers_the_last_round_had(store):
+    """Callers that each wait for their reply come back a few microseconds apart; a
+    round waits (up to gather_seconds) for as many as the last round had, instead of
+    committing the first alone and the rest in a second round of fsyncs. A round that
+    waited in vain sets the expectation to what came, and a lone caller never waits."""
+    held = _HeldStore(store)
+    with GroupCommitter(held, gather_seconds=0.5) as gc:
+        first = gc.submit([vsig(0)])
+        assert held.entered.wait(10)  # round 1 (one caller) is inside its commit
+        queued = [gc.submit([vsig(i)]) for i in range(1, 5)]
+        held.release()
+        assert [f.result(10)[0][1] for f in [first, *queued]] == [False] * 5
+        assert held.rounds == [1, 4]  # round 2: the four queued callers
+
+        early = gc.submit([vsig(5)])  # round 3 expects four callers: it waits for them
+        time.sleep(0.05)
+        late = [gc.submit([vsig(i)]) for i in range(6, 9)]
+        for f in [early, *late]:
+            f.result(10)
+        assert held.rounds == [1, 4, 4]
+
+        t = time.perf_counter()
+        gc.append([vsig(9)], timeout=10)  # expected four, one came: waits once ...
+        assert time.perf_counter() - t >= 0.45
+        t = time.perf_counter()
+        gc.append([vsig(10)], timeout=10)  # ... then expects one and commits at once
+        assert time.perf_counter() - t < 0.25
+        assert held.rounds == [1, 4, 4, 1, 1]
+    assert [seq for seq, _ in store.read_signals(0, 100)] == list(range(1, 12))
 
 
 def test_group_commit_from_asyncio(store):
