@@ -5,8 +5,9 @@ Why a wrapper and not a setting: a new `ModelConfig` field changes every state
 directory's fingerprint (`ModelConfig.fingerprint` hashes every field), so even an option
 left off would make every operator `--reinit`; an idea earns a field when it is kept.
 The measurements: docs/learning.md, "A destination key, and holding the linear weights
-too (measured 2026-11-25, eighth session; not kept)" (destination, allow-hold) and "Five
-more wide-path ideas, none kept" (shared-view, adagrad-init, ngram-scale, ema, pair-lr).
+too (measured 2026-11-25, eighth session; not kept)" (destination, allow-hold), "Five
+more wide-path ideas, none kept" (shared-view, adagrad-init, ngram-scale, ema, pair-lr)
+and "What the first checkpoints miss" (dest-cross).
 
     --experiment destination[:SCALE][:egress]
                                the pair term's call side gains ``p|dest|<domain>``: the
@@ -16,6 +17,11 @@ more wide-path ideas, none kept" (shared-view, adagrad-init, ngram-scale, ema, p
                                POST or mail after a secret read can say "allow" through
                                its own factor; ``:egress``: only on calls that can carry
                                data out (known_names.py `egress_call`)
+    --experiment dest-cross=S  a linear feature ``xd|<destination>`` of value S on a call
+                               that can carry data out after a history that read a
+                               credential file: the history rule's conjunction per
+                               destination, starting at 0 (unseen destinations say
+                               nothing; the org's own learn "allow")
     --experiment allow-hold=H  a first look's "allow" (weight 1: not a correction) that
                                the wide logit contradicts by more than H is not learned
                                at all until its second look (the pair term's hold,
@@ -77,7 +83,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import bench_wide_features  # noqa: E402
 
 from gated.engine import tokenizer, wide  # noqa: E402
-from gated.engine.known_names import egress_call  # noqa: E402
+from gated.engine.known_names import egress_call, sensitive_file  # noqa: E402
 from gated.engine.wide_learner import WideAdaGrad  # noqa: E402
 
 
@@ -107,6 +113,27 @@ def with_destination(pair_features, scale: float = 1.0, egress_only: bool = Fals
         raw = np.r_[c_val / c_val[0], scale]  # the site's raw values: its tool key is 1.0
         return (np.r_[c_idx, wide._bucket("p|dest|" + dest, buckets)],
                 raw / np.linalg.norm(raw), h_idx, h_val, h_grp)
+    return features
+
+
+def with_dest_cross(structured_features, scale: float):
+    """`structured_features` with one more linear feature, ``xd|<destination>`` of value
+    `scale`, on a call that can carry data out (`egress_call`) after a history that read a
+    credential file (`sensitive_file`): the history rule's own conjunction, per
+    destination. A linear weight starts at 0, so a destination never seen says nothing
+    (the pair term decides), while one seen after a secret read learns its side: the
+    org's own hosts "allow", the paste sites "block"."""
+    def features(context, history, buckets, *args):
+        idx, val = structured_features(context, history, buckets, *args)
+        tool, call_args = wide._parse_call(context)
+        dest = destination(context)
+        if dest is None or not egress_call(tool, call_args):
+            return idx, val
+        for entry in history or []:
+            path = wide._parse_call(entry)[1].get("path")
+            if isinstance(path, str) and sensitive_file(path):
+                return (np.r_[idx, wide._bucket("xd|" + dest, buckets)], np.r_[val, scale])
+        return idx, val
     return features
 
 
@@ -262,7 +289,8 @@ def with_pair_lr(learn, early_lr: float, until: int):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--experiment", required=True, action="append",
-                    help="destination[:SCALE][:egress], or allow-hold=H (repeatable)")
+                    help="destination[:SCALE][:egress], dest-cross=S, allow-hold=H, ... "
+                         "(repeatable; the list above)")
     ap.add_argument("rest", nargs=argparse.REMAINDER,
                     help="-- then bench_wide_features.py's arguments")
     a = ap.parse_args()
@@ -273,6 +301,9 @@ def main() -> None:
             scale = next((float(o) for o in opts if o != "egress"), 1.0)
             tokenizer.pair_features = with_destination(tokenizer.pair_features, scale,
                                                        "egress" in opts)
+        elif exp.startswith("dest-cross="):
+            tokenizer.structured_features = with_dest_cross(tokenizer.structured_features,
+                                                            float(exp.split("=", 1)[1]))
         elif exp.startswith("allow-hold="):
             WideAdaGrad.learn = with_allow_hold(WideAdaGrad.learn,
                                                 float(exp.split("=", 1)[1]), held)
@@ -293,7 +324,7 @@ def main() -> None:
             early, until = exp.split("=", 1)[1].split(":")
             WideAdaGrad.learn = with_pair_lr(WideAdaGrad.learn, float(early), int(until))
         else:
-            ap.error(f"unknown experiment {exp!r}: destination[:SCALE][:egress], "
+            ap.error(f"unknown experiment {exp!r}: destination[:SCALE][:egress], dest-cross=S, "
                      "allow-hold=H, shared-view=P[:words][:history], adagrad-init=G0[:pair], "
                      "ngram-scale=S, ema=D or pair-lr=LR:N")
     rest = a.rest[1:] if a.rest[:1] == ["--"] else a.rest
