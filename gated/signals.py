@@ -41,7 +41,9 @@ ESCALATING = ("false_positive", "false_negative")
 
 SIGNAL_KEYS = ("id", "context", "history", "decision", "feedback", "reason", "ts",
                "prediction_id")
-_SIGNAL_KEY_SET = frozenset(SIGNAL_KEYS)
+#: The same keys as a set: what `validate_signal` accepts and returns, and what the group
+#: committer checks a normalised signal against.
+SIGNAL_KEY_SET = frozenset(SIGNAL_KEYS)
 
 
 class SignalError(ValueError):
@@ -99,8 +101,8 @@ def validate_signal(obj: Any, limits: Limits | None = None) -> dict[str, Any]:
     lim = DEFAULT_LIMITS if limits is None else limits
     if not isinstance(obj, Mapping):
         raise SignalError("wrong_type", f"a signal must be a map, got {type(obj).__name__}")
-    if not _SIGNAL_KEY_SET.issuperset(obj):
-        key = next(k for k in obj if k not in _SIGNAL_KEY_SET)
+    if not SIGNAL_KEY_SET.issuperset(obj):
+        key = next(k for k in obj if k not in SIGNAL_KEY_SET)
         raise SignalError("unknown_field", f"unknown key {str(key)[:64]!r}; a signal has "
                                            f"only {', '.join(SIGNAL_KEYS)}")
     context = _string(obj, "context", lim.max_context_bytes, required=True)

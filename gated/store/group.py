@@ -29,7 +29,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from ..config.limits import MAX_ID_BYTES_CEILING
-from ..signals import SIGNAL_KEYS, WeightTable
+from ..signals import SIGNAL_KEY_SET, SIGNAL_KEYS, WeightTable
 
 log = logging.getLogger("gated.store")
 
@@ -38,7 +38,6 @@ _STOP = object()
 #: How long a commit round may wait for the callers the last round had (`_gather`): a few
 #: client round trips on one machine, a fraction of the two fsyncs a commit costs.
 GATHER_SECONDS = 200e-6
-_NORMALISED_KEYS = frozenset(SIGNAL_KEYS)
 
 
 def check_normalised(signals: Sequence[Mapping[str, Any]]) -> None:
@@ -49,7 +48,7 @@ def check_normalised(signals: Sequence[Mapping[str, Any]]) -> None:
     a caller skipped `validate_signal`, which is a bug, not a client error.
     """
     for i, s in enumerate(signals):
-        if type(s) is not dict or s.keys() != _NORMALISED_KEYS:
+        if type(s) is not dict or s.keys() != SIGNAL_KEY_SET:
             got = sorted(map(str, s)) if isinstance(s, Mapping) else type(s).__name__
             raise TypeError(f"signal #{i} was not normalised by validate_signal() (its keys "
                             f"are {', '.join(SIGNAL_KEYS)}); got {got}")
