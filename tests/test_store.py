@@ -207,9 +207,6 @@ class _HeldStore:
         self.store, self.entered, self._go = store, threading.Event(), threading.Event()
         self.rounds: list[int] = []
 
-    def set_weights(self, table) -> None:
-        self.store.set_weights(table)
-
     def append_signals(self, signals, **kw):
         self.rounds.append(len(signals))
         if not self._go.is_set():
