@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import platform
 import sys
@@ -156,7 +157,7 @@ class Probes:
 
 def run(preset: str, lr: float, rate: float, n_signals: int, switch_at: int, seed: int,
         variant: str = "v2", probes: int = 200, settings_kw: dict | None = None,
-        backend: str = "numpy") -> dict:
+        backend: str = "numpy", trace: str | None = None) -> dict:
     cfg = dataclasses.replace(ModelConfig.preset(preset), **VARIANTS[variant])
     settings = dataclasses.replace(TrainConfig(), lr=lr, **(settings_kw or {}))
     traffic = GatewayTraffic(seed=seed)
@@ -182,6 +183,8 @@ def run(preset: str, lr: float, rate: float, n_signals: int, switch_at: int, see
         clock, produced, steps, trained_examples = 0.0, 0, 0, 0
         next_check = CHECK_EVERY
         max_queue = 0
+        # --trace: one JSON line per ordinary signal scored (why a checkpoint was lost)
+        trace_file = open(trace, "w", buffering=1) if trace else None  # noqa: SIM115
 
         def produce(now: float) -> None:
             """Append the signals due by virtual time `now` (the anchor sees each as it
@@ -242,6 +245,12 @@ def run(preset: str, lr: float, rate: float, n_signals: int, switch_at: int, see
                     scored.append((p, ev.true_allow))
                     raw.append((float(z >= 0), ev.true_allow))
                     parts.append((z - z_deep, z_deep, ev.true_allow))
+                    if trace_file is not None:
+                        trace_file.write(json.dumps({
+                            "seq": seq, "t": round(clock, 3), "steps": steps, "p": p,
+                            "z": z, "z_deep": z_deep, "true_allow": ev.true_allow,
+                            "decision": ev.signal.get("decision"),
+                            "category": ev.category}) + "\n")
             queue = produced - trainer.status.last_trained_seq
             max_queue = max(max_queue, queue)
             if len(scored) >= next_check or (produced >= n_signals and not events):
@@ -289,6 +298,8 @@ def run(preset: str, lr: float, rate: float, n_signals: int, switch_at: int, see
             queue_trace.append((round(clock, 1), queue))
         trained_examples = trainer.status.step
         store.close()
+        if trace_file is not None:
+            trace_file.close()
     # calibration and allow-band precision against the TRUE label, last 2000 scored
     tail = scored[-2000:]
     p = np.array([x for x, _ in tail])
@@ -482,6 +493,9 @@ def main() -> None:
                     help="override a [train] setting, e.g. --set batch_size=8")
     ap.add_argument("--backend", default="numpy", choices=("numpy", "cupy"),
                     help="the trainer's and the serving snapshot's engine (cupy: the GPU)")
+    ap.add_argument("--trace", default=None, metavar="FILE",
+                    help="write one JSON line per ordinary signal scored (p, z, its "
+                         "transformer part, steps so far, the TRUE label)")
     ap.add_argument("--write", action="store_true", help="record in docs/benchmarks.md")
     ap.add_argument("--section", default=None, help="heading suffix for docs/benchmarks.md")
     a = ap.parse_args()
@@ -500,7 +514,7 @@ def main() -> None:
             print(f"\n### {title}\n\n{TABLE_HEAD}", flush=True)
             t0 = time.time()
             r = run(a.preset, lr, a.rate, a.signals, a.switch_at, a.seed, variant, a.probes,
-                    settings_kw=overrides, backend=a.backend)
+                    settings_kw=overrides, backend=a.backend, trace=a.trace)
             lines = summary(r) + [""] + by_category(r)
             print("\n".join(lines), f"\n(wall {time.time() - t0:.0f} s)", flush=True)
             out += [f"### {title}", "", TABLE_HEAD,

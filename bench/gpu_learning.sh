@@ -2,47 +2,62 @@
 # Issue 10's GPU learning runs in ONE device-tool call (after bench/gpu_session.sh's setup:
 # lmdb and watchdog as wheels in .whl/). Run from the repository root THERE:
 #
-#   device: run(command="bash bench/gpu_learning.sh", carry=[".whl"], timeout_s=600)
+#   device: run(command="bash bench/gpu_learning.sh", carry=[".whl"], timeout_s=560)
 #
-# 1. The first checkpoint (~2 min): on the H100 of 2026-11-25 it was lost badly on seeds 0
-#    and 2 (0.666 against the anchor's 0.870 / 0.876, the wide part alone 0.662), while the
-#    CPU at the same step rate wins it (docs/learning.md, "What the first checkpoints
-#    miss ..."). Seeds 0 and 2, 1,000 signals, side by side.
-# 2. The whole picture (~5 min): seeds 0, 1, 2 side by side, 5,500 signals, the policy
-#    change at 2,500 (the command of docs/benchmarks.md "Learning (flint, GPU ...)").
+# 0. The parity tests of the engine on the device (NumPy vs CuPy, ~1 min, capped at 90 s).
+# 1. Why the first checkpoint is lost on the GPU (on the H100 of 2026-11-25, seeds 0 and 2:
+#    0.666 against the anchor's 0.870 / 0.876, the wide part alone 0.662; the CPU at the
+#    same step rate wins it, docs/learning.md "What the first checkpoints miss ..."). Five
+#    runs side by side, 1,000 signals each, every scored signal traced (`--trace`): seeds 0
+#    and 2 as they are; seed 0 with lr 0 (the transformer never moves: the wide path alone,
+#    on the GPU); seed 0 on this machine's CPU (the same machine, NumPy: the control).
+# 2. The whole picture: seeds 0, 1, 2 side by side, 4,500 signals, the policy change at
+#    2,000 (shorter than the 5,500 of 2026-11-25 to fit one call beside steps 0 and 1).
 #
-# Each run writes its own table to $OUT (runs in parallel cannot all rewrite
+# Each run writes its own table and trace to $OUT (runs in parallel cannot all rewrite
 # docs/benchmarks.md; copy the tables there by hand, with the machine and this command).
-# GATED_BACKEND=numpy GATED_SIGNALS=300 runs the same script on a CPU as a dry run.
+# GATED_BACKEND=numpy GATED_SIGNALS=300 GATED_LONG_SIGNALS=300 runs it on a CPU (dry run).
 set -uo pipefail
 OUT=${OUT:-/tmp/gated-gpu}
 BACKEND=${GATED_BACKEND:-cupy}
 SHORT=${GATED_SIGNALS:-1000}
-LONG=${GATED_LONG_SIGNALS:-5500}
+LONG=${GATED_LONG_SIGNALS:-4500}
 mkdir -p "$OUT"
 if compgen -G ".whl/*.whl" >/dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
     export PYTHONPATH=/tmp/site
 fi
-export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD" PYTHONUNBUFFERED=1 OMP_NUM_THREADS=4
+export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD" PYTHONUNBUFFERED=1 OMP_NUM_THREADS=3
 PY=${PYTHON:-python3}
 nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1 || true
 git rev-parse HEAD > "$OUT/commit.txt" 2>/dev/null || true
+date -u +%T > "$OUT/times.txt"
 
-first=()
-for s in 0 2; do
-    timeout 200 "$PY" bench/bench_learning.py --backend "$BACKEND" --signals "$SHORT" \
-        --switch-at "$SHORT" --probes 200 --seed "$s" > "$OUT/first-seed$s.txt" 2>&1 &
-    first+=($!)
-done
-wait "${first[@]}"
-grep -h -E "^\| [0-9]" "$OUT"/first-seed*.txt
+if [ "$BACKEND" = cupy ]; then
+    timeout 90 "$PY" -m pytest -q -x -p no:cacheprovider tests/test_kernels.py \
+        > "$OUT/parity.log" 2>&1
+    tail -3 "$OUT/parity.log"
+fi
+date -u +%T >> "$OUT/times.txt"
 
-long=()
+short() {  # name, then bench_learning arguments
+    local name=$1; shift
+    timeout 170 "$PY" bench/bench_learning.py --signals "$SHORT" --switch-at "$SHORT" \
+        --probes 200 --trace "$OUT/trace-$name.jsonl" "$@" > "$OUT/first-$name.txt" 2>&1
+}
+short seed0 --backend "$BACKEND" --seed 0 &
+short seed2 --backend "$BACKEND" --seed 2 &
+short seed0-lr0 --backend "$BACKEND" --seed 0 --lr 0 &
+short seed0-cpu --backend numpy --seed 0 &
+wait
+for f in "$OUT"/first-*.txt; do echo "$f"; grep -h -E "^\| [0-9]" "$f" | cut -c1-150; done
+date -u +%T >> "$OUT/times.txt"
+
 for s in 0 1 2; do
-    timeout 330 "$PY" bench/bench_learning.py --backend "$BACKEND" --signals "$LONG" \
-        --switch-at $((LONG * 5 / 11)) --probes 400 --seed "$s" > "$OUT/long-seed$s.txt" 2>&1 &
-    long+=($!)
+    timeout 250 "$PY" bench/bench_learning.py --backend "$BACKEND" --signals "$LONG" \
+        --switch-at $((LONG * 4 / 9)) --probes 400 --seed "$s" \
+        --trace "$OUT/trace-long-seed$s.jsonl" > "$OUT/long-seed$s.txt" 2>&1 &
 done
-wait "${long[@]}"
+wait
 grep -h -E "^- (gated ahead|first checkpoint|back to|over all)" "$OUT"/long-seed*.txt
+date -u +%T >> "$OUT/times.txt"
