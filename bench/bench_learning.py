@@ -163,17 +163,23 @@ def run(preset: str, lr: float, rate: float, n_signals: int, switch_at: int, see
     traffic = GatewayTraffic(seed=seed)
     probe = Probes(GatewayTraffic(seed=seed), probes, seed + 1000)
     anchor = HashedNgramLR()
+    if backend != "numpy":
+        # What the daemon's GPU start-up does before it trains (gated/device.py,
+        # daemon/trainer_process.py): compile the engine's kernels, fill the memory pool
+        # with one dry step of the largest batch, and rehearse the trainer's path on
+        # throwaway state, so that the virtual clock bills the first signals for none of it.
+        from gated.daemon.trainer.rehearsal import rehearse
+        from gated.device import reserve_training_memory
+        from gated.engine.model import get_ops
+
+        get_ops(backend).warmup()
+        reserve_training_memory(cfg, settings.batch_size)
+        done = rehearse(cfg, settings, backend)
+        print(f"(rehearsal before the clock: {done['steps']} steps, {done['swaps']} swaps, "
+              f"{done['seconds']:.1f} s)", flush=True)
     with tempfile.TemporaryDirectory(prefix="gated-learn-") as tmp:
         store = Store(tmp)
         trainer, serving = build_trainer(store, cfg, settings, seed=seed, backend=backend)
-        if backend != "numpy":
-            # What the daemon's GPU start-up does before it serves (gated/device.py): compile
-            # every kernel and fill the memory pool with one dry step of the largest batch,
-            # so that the virtual clock does not bill the first steps for either.
-            from gated.device import reserve_training_memory
-
-            trainer.model.ops.warmup()
-            reserve_training_memory(cfg, settings.batch_size)
         events: dict[int, object] = {}  # seq -> Event
         scored: list[tuple[float, bool]] = []  # gated (p, true_allow), ordinary signals
         anchored: list[tuple[float, bool]] = []

@@ -173,6 +173,23 @@ def _listen(trainer: Any, conn: Any, wake: Any) -> None:
         trainer.stop(drain=False)
 
 
+def _rehearse(model_cfg: Any, settings: Any, backend: str) -> None:
+    """Compile what the trainer's first signals would (trainer/rehearsal.py), so that they
+    are not scored by a stale snapshot for seconds. A failure is logged, not fatal: the
+    real trainer's GPU errors have their own fallback (trainer/gpu.py)."""
+    from .trainer.rehearsal import rehearse
+
+    try:
+        done = rehearse(model_cfg, settings, backend)
+    except Exception as e:  # noqa: BLE001 - the trainer starts anyway
+        log.warning("the trainer's rehearsal on the GPU failed (%s: %s); starting anyway: "
+                    "its first signals may wait for kernel compilation", type(e).__name__, e)
+        return
+    log.info("trainer rehearsal on the GPU: %d steps, %d swaps in %.1f s on throwaway state "
+             "(kernels compiled before the first real signal)", done["steps"], done["swaps"],
+             done["seconds"])
+
+
 def run_trainer(spec: TrainerSpec, conn: Any, wake: Any) -> None:
     """The trainer process's main function (the target of the spawned Process)."""
     _die_with_parent()
@@ -189,8 +206,10 @@ def run_trainer(spec: TrainerSpec, conn: Any, wake: Any) -> None:
 
     from ..engine import ModelConfig
     from ..store import Store
-    from .trainer import build_trainer
+    from .trainer import GPU_BACKENDS, build_trainer
 
+    if spec.backend in GPU_BACKENDS:
+        _rehearse(ModelConfig.preset(spec.preset), spec.train, spec.backend)
     store = Store(spec.state_dir, replay_slots=spec.train.replay_slots)
     events = PipeEvents(conn)
     trainer, _ = build_trainer(store, ModelConfig.preset(spec.preset), spec.train,
