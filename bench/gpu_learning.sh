@@ -5,16 +5,17 @@
 #   device: run(command="bash bench/gpu_learning.sh", carry=[".whl"], timeout_s=560)
 #
 # 0. The parity tests of the engine on the device (NumPy vs CuPy, ~1 min, capped at 90 s).
-# 1. Why the first checkpoint is lost on the GPU (on the H100 of 2026-11-25, seeds 0 and 2:
-#    0.666 against the anchor's 0.870 / 0.876, the wide part alone 0.662; the CPU at the
-#    same step rate wins it, docs/learning.md "What the first checkpoints miss ..."). Five
-#    runs side by side, 1,000 signals each, every scored signal traced (`--trace`): seeds 0
-#    and 2 as they are; seed 0 with lr 0 (the transformer never moves: the wide path alone,
-#    on the GPU); seed 0 on this machine's CPU (the same machine, NumPy: the control).
+# 1. The first checkpoint (lost on fresh GPU machines on 2026-11-25 and -26 until the trainer
+#    rehearsed its path before the clock: CuPy compiled its kernels during the first signals;
+#    docs/learning.md "The first seconds on a GPU"). Four runs side by side, 1,000 signals
+#    each, every scored signal traced (`--trace`): seeds 0 and 2; seed 0 with lr 0 (the
+#    transformer never moves: the wide path alone, on the GPU); seed 0 on this machine's
+#    CPU (NumPy: the control).
 # 2. The whole picture: seeds 0, 1, 2 side by side, 4,500 signals, the policy change at
 #    2,000 (shorter than the 5,500 of 2026-11-25 to fit one call beside steps 0 and 1).
 #
-# Each run writes its own table and trace to $OUT (runs in parallel cannot all rewrite
+# Each run writes its own table to $OUT; the traces, the parity log and the machine's
+# details go back in one archive, extras.tgz (runs in parallel cannot all rewrite
 # docs/benchmarks.md; copy the tables there by hand, with the machine and this command).
 # GATED_BACKEND=numpy GATED_SIGNALS=300 GATED_LONG_SIGNALS=300 runs it on a CPU (dry run).
 set -uo pipefail
@@ -61,3 +62,6 @@ done
 wait
 grep -h -E "^- (gated ahead|first checkpoint|back to|over all)" "$OUT"/long-seed*.txt
 date -u +%T >> "$OUT/times.txt"
+# at most 8 files come back from a call: the 7 tables, and everything else in one archive
+(cd "$OUT" && tar czf extras.tgz trace-*.jsonl parity.log nvidia-smi.txt commit.txt times.txt \
+    2>/dev/null; rm -f trace-*.jsonl parity.log nvidia-smi.txt commit.txt times.txt)
