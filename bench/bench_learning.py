@@ -181,6 +181,7 @@ def run(preset: str, lr: float, rate: float, n_signals: int, switch_at: int, see
         store = Store(tmp)
         trainer, serving = build_trainer(store, cfg, settings, seed=seed, backend=backend)
         events: dict[int, object] = {}  # seq -> Event
+        anchor_p: dict[int, float] = {}  # seq -> the anchor's p_allow before it learned it
         scored: list[tuple[float, bool]] = []  # gated (p, true_allow), ordinary signals
         anchored: list[tuple[float, bool]] = []
         raw: list[tuple[float, bool]] = []  # gated before calibration (p >= 0.5 iff z >= 0)
@@ -199,7 +200,7 @@ def run(preset: str, lr: float, rate: float, n_signals: int, switch_at: int, see
             due = min(n_signals, int(now * rate) + 1)
             if due <= produced:
                 return
-            batch, evs = [], []
+            batch, evs, anchor_ps = [], [], []
             for _ in range(due - produced):
                 if produced == switch_at:
                     traffic.policy = "v2"
@@ -209,12 +210,15 @@ def run(preset: str, lr: float, rate: float, n_signals: int, switch_at: int, see
                 batch.append(ev.signal)
                 produced += 1
                 text = anchor_text(ev.signal["context"], ev.signal.get("history"))
+                anchor_ps.append(anchor.predict_proba(text))
                 if not ev.is_correction:
-                    anchored.append((anchor.predict_proba(text), ev.true_allow))
+                    anchored.append((anchor_ps[-1], ev.true_allow))
                 y, w = label_weight(ev.signal)
                 anchor.learn(text, y, w)
-            for ev, (seq, _dup) in zip(evs, store.append_signals(batch), strict=True):
+            for ev, pa, (seq, _dup) in zip(evs, anchor_ps, store.append_signals(batch),
+                                            strict=True):
                 events[seq] = ev
+                anchor_p[seq] = pa
 
         t0 = time.perf_counter()  # wall time at the start of the current train_on
         step_clock = 0.0  # virtual time then
@@ -247,6 +251,7 @@ def run(preset: str, lr: float, rate: float, n_signals: int, switch_at: int, see
             steps += info is not None
             for seq, p, z, z_deep in trainer.last_scores:
                 ev = events.pop(seq)
+                pa = anchor_p.pop(seq)
                 if not ev.is_correction:
                     scored.append((p, ev.true_allow))
                     raw.append((float(z >= 0), ev.true_allow))
@@ -254,7 +259,9 @@ def run(preset: str, lr: float, rate: float, n_signals: int, switch_at: int, see
                     if trace_file is not None:
                         trace_file.write(json.dumps({
                             "seq": seq, "t": round(clock, 3), "steps": steps, "p": p,
-                            "z": z, "z_deep": z_deep, "true_allow": ev.true_allow,
+                            "z": z, "z_deep": z_deep, "anchor_p": pa,
+                            "true_allow": ev.true_allow, "context": ev.signal["context"],
+                            "history": ev.signal.get("history"),
                             "decision": ev.signal.get("decision"),
                             "category": ev.category}) + "\n")
             queue = produced - trainer.status.last_trained_seq
