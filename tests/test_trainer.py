@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import pytest
 
 from gated.config import TrainConfig
 from gated.daemon.serving import Calibration
@@ -210,6 +211,20 @@ def test_turns_between_chunks_take_and_publish_the_signals_that_arrive_during_a_
     assert trainer.status.step == 1 and trainer.candidates_waiting == 6
     trainer.train_on([], turns=True)  # the next step trains them, not a replay-only one
     assert trainer.status.step == 2 and trainer.candidates_waiting == 0
+    store.close()
+
+
+@pytest.mark.parametrize(("turn_rows", "turns_taken"), [(4, 4), (0, 2), (16, 2)])
+def test_turns_come_every_wide_turn_rows_rows(tmp_path, turn_rows, turns_taken):
+    """`wide_turn_rows` caps the chunks of a step that takes turns (at 0, or above
+    `step_chunk_rows`, the chunks stay at `step_chunk_rows`)."""
+    store, trainer, _ = _trainer(tmp_path, batch_size=16, step_chunk_rows=8,
+                                 wide_turn_rows=turn_rows)
+    called = []
+    trainer.before_turn = lambda: called.append(1)
+    store.append_signals([_sig(f"fs.read src/{i}.py", "allow") for i in range(16)])
+    trainer.train_on(store.read_signals(0, 16), turns=True)
+    assert len(called) == turns_taken and trainer.status.step == 1
     store.close()
 
 

@@ -460,6 +460,15 @@ class Trainer(GpuFallback, Publication, threading.Thread):
         self.events.on_scored(self.window, self.converged(), self.monitor.stats(),
                               backpropagated)
 
+    def _chunk_rows(self, turns: bool) -> int | None:
+        """Rows per chunk of a step: `step_chunk_rows`, and with turns at most
+        `wide_turn_rows` (the wide path takes the new signals after each chunk); None: the
+        batch in one piece."""
+        rows, turn = self.settings.step_chunk_rows, self.settings.wide_turn_rows
+        if turns and turn:
+            rows = min(rows, turn) if rows else turn
+        return rows or None
+
     def _step(self, examples: list[dict], turns: bool = False) -> dict | None:
         t0 = time.perf_counter()
         self._turn_seconds = 0.0  # the step's time is reported without its turns
@@ -467,8 +476,7 @@ class Trainer(GpuFallback, Publication, threading.Thread):
         batch = build_batch(examples, self.model.cfg)
         try:
             self._in_step = turns
-            info = train_step(self.model, self.opt, batch,
-                              chunk_rows=self.settings.step_chunk_rows or None,
+            info = train_step(self.model, self.opt, batch, chunk_rows=self._chunk_rows(turns),
                               between_chunks=self._turn if turns else None)
             finite = bool(info["finite"]) and self.model.ops.all_finite(self.model.flat)
         except Exception as e:
