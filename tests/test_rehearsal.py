@@ -7,6 +7,7 @@ GPU by bench/bench_learning.py --backend cupy (docs/learning.md)."""
 
 from __future__ import annotations
 
+import logging
 import tempfile
 from pathlib import Path
 
@@ -25,3 +26,14 @@ def test_rehearsal_runs_the_trainers_path_and_keeps_nothing():
     assert done["steps"] >= 1, "the rehearsal took no transformer step"
     assert done["swaps"] >= 2, "the rehearsal published too few snapshots"
     assert _leftovers() == before, "the rehearsal left its temporary store behind"
+
+
+def test_a_failed_rehearsal_is_logged_and_the_trainer_starts_anyway(caplog):
+    """The trainer process's wrapper: a rehearsal that raises (here: a backend that does
+    not exist) leaves a WARNING an operator can act on, and returns."""
+    from gated.daemon.trainer_process import _rehearse
+
+    with caplog.at_level(logging.WARNING, logger="gated.trainer"):
+        _rehearse(ModelConfig.preset("tiny"), TrainConfig(), "no-such-backend")
+    assert any("rehearsal on the GPU failed" in r.getMessage() and "starting anyway"
+               in r.getMessage() for r in caplog.records)
