@@ -19,7 +19,6 @@ in a temporary store, then throws it all away. Only what the process compiled st
 
 from __future__ import annotations
 
-import logging
 import tempfile
 import time
 
@@ -28,8 +27,6 @@ from ...engine import ModelConfig
 from ...store import Store
 from ...synthetic import SyntheticGateway
 from .resume import build_trainer
-
-log = logging.getLogger("gated.trainer")
 
 #: helpings of fresh signals fed to the rehearsal trainer: a lone signal (the steady
 #: state), a backlog (a burst scored in length-sorted chunks), then lone ones again
