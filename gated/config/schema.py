@@ -188,7 +188,7 @@ class TrainConfig:
     wide_turn_rows: int = _opt(4, "with wide_turns, the step's chunks are at most this many "
                                "rows, so the wide path takes the new signals that often "
                                "(measured: 4 against 8, a third fewer signals per scoring "
-                               "and ~45% more transformer steps on 2 cores); 0 = "
+                               "and ~40% more transformer steps on 2 cores); 0 = "
                                "step_chunk_rows", hot=True, lo=0, hi=4096)
     wide_residual: bool = _opt(False, "the wide path learns the residual of the serving "
                                "transformer's logit (true: one joint model); false: it "
