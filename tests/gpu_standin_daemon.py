@@ -20,6 +20,7 @@ import sys
 
 from gpu_standin import FakeKernels, FakeRuntime, StandInGpuOps, install
 
+import gated.daemon.trainer.rehearsal as rehearsal
 import gated.device as device
 from gated import cli
 
@@ -31,15 +32,29 @@ def install_standin() -> None:
     imports this (the parent's main) module in the child, so the child is patched too."""
     fail = {int(x) for x in os.environ.get("GATED_STANDIN_FAIL_ADAMW", "").split(",") if x}
     made: list[StandInGpuOps] = []
+    rehearsing: list[bool] = []
 
     def factory() -> StandInGpuOps:
         # In the trainer process the trainer's model asks first (build_trainer), then
         # its serving snapshots; in the daemon only serving snapshots ask (no adamw).
+        # The rehearsal's throwaway trainer comes before them all: it fails nothing.
+        if rehearsing:
+            return StandInGpuOps(fail_adamw=())
         ops = StandInGpuOps(fail_adamw=fail if not made else ())
         made.append(ops)
         return ops
 
     install(setattr, factory)
+    real_rehearse = rehearsal.rehearse
+
+    def rehearse(*args, **kwargs):
+        rehearsing.append(True)
+        try:
+            return real_rehearse(*args, **kwargs)
+        finally:
+            rehearsing.pop()
+
+    rehearsal.rehearse = rehearse
 
     def select_backend(dev: str) -> tuple[str, str, str]:
         if dev == "cpu":

@@ -379,6 +379,9 @@ def test_daemon_switches_to_the_cpu_after_repeated_gpu_failures(tmp_path):
             assert metric_value(got, "gated_device_memory_bytes", kind="estimate") == \
                 device.estimate_training_bytes(ModelConfig.tiny(), 16, 32, 32)
             assert metric_value(got, "gated_gpu_fallbacks_total") == 0
+            # the trainer process rehearsed its path on the (stand-in) GPU first
+            wait_until(lambda: "trainer rehearsal on the GPU:" in d.log(),
+                       what="the trainer's rehearsal")
             c.signals(_signals(200))
             st = wait_until(lambda: (s := c.status())["backend"] == "numpy" and s,
                             what="the switch to the CPU")
