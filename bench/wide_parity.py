@@ -1,6 +1,6 @@
 """The wide path on two backends, signal by signal: does the GPU learn what the CPU learns?
 
-Why (docs/learning.md, "The wide path on the GPU"): on an H100 the first checkpoint of the
+Why (docs/learning.md, "The first seconds on a GPU"): on an H100 the first checkpoint of the
 learning benchmark was lost even with the transformer frozen (lr 0: the wide path alone,
 0.750 against 0.892 for the same stream on the same machine's CPU). This feeds the same
 stream to the trainer's own code on each backend named -- one signal at a time, scored on
