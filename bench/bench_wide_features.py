@@ -99,6 +99,8 @@ from gated.engine.model import Model  # noqa: E402
 from gated.engine.tokenizer import source_batch  # noqa: E402
 from gated.engine.wide import PAIR_KEYS  # noqa: E402
 from gated.engine.wide_learner import WideAdaGrad  # noqa: E402
+from gated.online.drift import PageHinkley  # noqa: E402
+from gated.online.monitor import MonitorSettings  # noqa: E402
 from gated.online.second_look import SecondLook  # noqa: E402
 from gated.signals import context_fingerprint  # noqa: E402
 from gated.traffic import GatewayTraffic  # noqa: E402
@@ -119,7 +121,8 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
            correction_weight: float = 0.0, endpoints: float = 0.0,
            sql: float = 0.0, places: float = 0.0, hosts: bool = False,
            shared: bool = False, init_seed: int = 0, second_look: int = 0,
-           pair_hold: float = 0.0) -> dict:
+           pair_hold: float = 0.0, drift_relax: float = -1.0,
+           drift_relax_pair: float = -1.0, drift_cap: float = 0.0) -> dict:
     """One setting's run; `lag` > 1 scores each signal with weights that have not yet
     learned the previous `lag` - 1 (updates applied in groups of `lag`), as the daemon's
     trainer scores a step's arrivals with the weights published before them. `pair_rank`
@@ -137,7 +140,14 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
     daemon's trainer does (`TrainConfig.wide_second_look`; 0 here by default, so the
     tables before "A second look" keep their commands); `pair_hold` > 0 holds the pair
     term's step on a first look's contradicted "allow" until that second look
-    (`TrainConfig.wide_pair_hold`; 0 here by default, for the same reason)."""
+    (`TrainConfig.wide_pair_hold`; 0 here by default, for the same reason).
+    `drift_relax` >= 0 runs the daemon's drift detector (Page-Hinkley with the monitor's
+    defaults, on the wide path's progressive errors against the signals' labels) and on
+    an alarm does what the trainer's wide path does (`WidePath.on_drift`): the second looks
+    from before the estimated change are dropped and AdaGrad's sums multiplied by
+    `drift_relax` (`train.drift_wide_relax`); -1, the default: no detector, as before.
+    `drift_relax_pair` >= 0 relaxes the pair term's sums by that instead; `drift_cap` > 0
+    then caps the linear sums at that value (the most-seen features relaxed most)."""
     cfg = dataclasses.replace(ModelConfig.preset("flint"), wide_call_words=words,
                               wide_history_cross=cross, wide_pair_rank=pair_rank,
                               wide_pair_pool=pool, wide_call_shapes=shapes,
@@ -159,8 +169,12 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
                                  pair_first=pair_first)
     anchor = HashedNgramLR()
     stream, probe_src = GatewayTraffic(seed=seed), GatewayTraffic(seed=seed)
-    right_w, right_a, at, pending = [], [], {}, []
+    right_w, right_a, at, pending, drifts = [], [], {}, [], []
+    switch_ord = n
     look: SecondLook[tuple] = SecondLook(second_look)
+    detector = PageHinkley(MonitorSettings.drift_delta, MonitorSettings.drift_threshold,
+                           MonitorSettings.drift_min_samples) if drift_relax >= 0 else None
+    observed: list[int] = []  # signal index of each observation since the detector's reset
 
     def flush() -> None:
         for f_p, y_p, w_p, seq, fp in pending:
@@ -179,14 +193,26 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
     for i in range(n):
         if i == switch_at:
             stream.policy = probe_src.policy = "v2"
+            switch_ord = len(right_w)  # ordinary signals scored before the change
         ev = stream.next()
         s = ev.signal
         f = feats(s["context"], s.get("history"))
         text = anchor_text(s["context"], s.get("history"))
-        if not ev.is_correction:
-            right_w.append((z_of_one(f) >= 0) == ev.true_allow)
-            right_a.append((anchor.predict_proba(text) >= 0.5) == ev.true_allow)
         y, w = label_weight(s)
+        if not ev.is_correction:
+            z = z_of_one(f)
+            right_w.append((z >= 0) == ev.true_allow)
+            right_a.append((anchor.predict_proba(text) >= 0.5) == ev.true_allow)
+            if detector is not None:
+                observed.append(i)
+                start = detector.update(float((z >= 0) != (y >= 0.5)))
+                if start is not None:  # the trainer's on_drift, for the wide path
+                    look.forget_before(observed[min(start, len(observed) - 1)])
+                    wide.relax(drift_relax, None if drift_relax_pair < 0 else drift_relax_pair)
+                    if drift_cap > 0:
+                        np.minimum(wide.g2, drift_cap, out=wide.g2)
+                    drifts.append((i, observed[min(start, len(observed) - 1)]))
+                    observed.clear()
         fp = context_fingerprint(s["context"], s.get("history"))
         look.note(fp, y)
         pending.append((f, y, correction_weight if correction_weight and ev.is_correction
@@ -214,7 +240,9 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
     return {"ahead": int(np.sum(g > a)), "checks": len(g), "mean": float(np.mean(g - a)),
             "worst": float(np.min(g - a)), "first": float(g[0] - a[0]), "at": at,
             "behind": [(CHECK * (j + 1), g[j], a[j]) for j in np.flatnonzero(g <= a)],
-            "curve": curve, "marks": marks}
+            "curve": curve, "marks": marks, "drifts": drifts,
+            "adapt": tuple(int(np.sum(~np.array(r[switch_ord:switch_ord + 250], bool)))
+                           for r in (right_w, right_a))}
 
 
 def main() -> None:
@@ -245,6 +273,15 @@ def main() -> None:
                     help="the pair term learns an 'allow' it contradicts by more than this "
                          "logit only at the second look (the daemon's train.wide_pair_hold; "
                          "0: off, as before it)")
+    ap.add_argument("--drift-relax", type=float, default=-1.0,
+                    help="run the daemon's drift detector and multiply the AdaGrad sums by "
+                         "this at an alarm (train.drift_wide_relax; -1: no detector, as "
+                         "before it)")
+    ap.add_argument("--drift-relax-pair", type=float, default=-1.0,
+                    help="the pair term's sums at an alarm (-1: --drift-relax's factor)")
+    ap.add_argument("--drift-cap", type=float, default=0.0,
+                    help="at an alarm also cap the linear weights' AdaGrad sums at this "
+                         "(0: no cap)")
     ap.add_argument("--correction-weight", type=float, default=0.0,
                     help="the wide path's weight of a correction (0: DESIGN.md's, 4.0)")
     a = ap.parse_args()
@@ -273,7 +310,8 @@ def main() -> None:
                        rank, pair_lr, pool, shapes, lr, init, veto, pair_l2, known, sens,
                        egress, a.pair_first, bool(block), a.every, a.correction_weight,
                        endpoints, sql, places, bool(hosts), bool(shared),
-                       seed if a.init_seed < 0 else a.init_seed, a.second_look, a.pair_hold)
+                       seed if a.init_seed < 0 else a.init_seed, a.second_look, a.pair_hold,
+                       a.drift_relax, a.drift_relax_pair, a.drift_cap)
             p0, p1 = (r["at"][p] for p in points)
 
             def pair(k: str, p0=p0, p1=p1) -> str:
@@ -298,8 +336,12 @@ def main() -> None:
                     for name, c in zip(("unseen", "block recall", "history"),
                                        r["curve"].values(), strict=True))
                       + "; not ahead of the anchor at: " + (", ".join(
-                          f"{m:,} {gm:.3f} / {am:.3f}" for m, gm, am in r["behind"]) or "none"),
-                      flush=True)
+                          f"{m:,} {gm:.3f} / {am:.3f}" for m, gm, am in r["behind"]) or "none")
+                      + ("; drift alarms (signal, change estimated at): " + (", ".join(
+                          f"{i:,} ({b:,})" for i, b in r["drifts"]) or "none")
+                         if a.drift_relax >= 0 else "")
+                      + "; errors in the first 250 after the change: {} / {} (anchor)".format(
+                          *r["adapt"]), flush=True)
 
 
 if __name__ == "__main__":

@@ -268,10 +268,16 @@ def test_the_wide_paths_hot_settings_reach_its_learner(tmp_path):
 
 
 def test_a_drift_relaxes_the_wide_path(tmp_path):
-    store, trainer, _ = _trainer(tmp_path / "s", drift_wide_relax=0.5)
+    """The linear weights' AdaGrad sums by `drift_wide_relax`, the pair term's by
+    `drift_wide_pair_relax`; together they are the whole tail of AdamW's `v`."""
+    store, trainer, _ = _trainer(tmp_path / "s", drift_wide_relax=0.5,
+                                 drift_wide_pair_relax=0.25)
     trainer.opt.v[trainer.model.deep_size:] = 2.0
     trainer._on_drift(1, 1)
-    assert np.all(trainer.opt.v[trainer.model.deep_size:] == 1.0)
+    learner = trainer.wide_path.learner
+    assert np.all(learner.g2 == 1.0)
+    assert np.all(learner.pair[1] == 0.5) and np.all(learner.pair[3] == 0.5)
+    assert np.all(np.isin(trainer.opt.v[trainer.model.deep_size:], (1.0, 0.5)))
     store.close()
 
 

@@ -199,6 +199,9 @@ class TrainConfig:
                                    "squared-gradient sums are multiplied by this (0 = its "
                                    "steps as large as at the start; 1 = unchanged, measured "
                                    "better on unseen values)", hot=True, lo=0.0, hi=1.0)
+    drift_wide_pair_relax: float = _opt(1.0, "the same for the pair term's sums "
+                                        "(train.drift_wide_relax is then the linear "
+                                        "weights' alone)", hot=True, lo=0.0, hi=1.0)
     promotion_holdout_share: float = _opt(0.05, "share of fresh signals held back from "
                                           "training (by call fingerprint) to judge each "
                                           "candidate before it is published; 0 = no "

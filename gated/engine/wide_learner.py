@@ -177,14 +177,16 @@ class WideAdaGrad:
     def _host(a) -> np.ndarray:
         return a.get() if hasattr(a, "get") else np.asarray(a)
 
-    def relax(self, factor: float) -> None:
-        """Scale the squared-gradient sums by `factor` (0 = forget them): after a policy
-        change AdaGrad's steps have shrunk with everything it has seen; relaxing them
-        lets the wide path move as fast as at the start."""
+    def relax(self, factor: float, pair_factor: float | None = None) -> None:
+        """Scale the squared-gradient sums by `factor` (0 = forget them), the pair term's
+        by `pair_factor` (default: `factor`): after a policy change AdaGrad's steps have
+        shrunk with everything it has seen; relaxing them lets the wide path move as fast
+        as at the start."""
         self.g2 *= factor
         if self.pair is not None:
-            self.pair[1][...] *= factor
-            self.pair[3][...] *= factor
+            pair_factor = factor if pair_factor is None else pair_factor
+            self.pair[1][...] *= pair_factor
+            self.pair[3][...] *= pair_factor
 
 
 def _unique_sum(idx, val) -> tuple[np.ndarray, np.ndarray]:

@@ -105,10 +105,12 @@ class WidePath:
     def on_drift(self, began_seq: int) -> None:
         """A policy change began at `began_seq`: the looks waiting from before it carry the
         old policy's labels (dropped), and AdaGrad's shrunken steps are relaxed
-        (`train.drift_wide_relax`) so the path moves as fast as at the start."""
+        (`train.drift_wide_relax`, the pair term's by `train.drift_wide_pair_relax`) so
+        the path moves as fast as at the start."""
         self.second_look.forget_before(began_seq)
         if self.learner is not None:
-            self.learner.relax(self.settings.drift_wide_relax)
+            self.learner.relax(self.settings.drift_wide_relax,
+                               self.settings.drift_wide_pair_relax)
 
 
 def wide_row(sources: dict, i: int) -> tuple:
