@@ -9,14 +9,16 @@ too (measured 2026-11-25, eighth session; not kept)" (destination, allow-hold), 
 more wide-path ideas, none kept" (shared-view, adagrad-init, ngram-scale, ema, pair-lr)
 and "What the first checkpoints miss" (dest-cross).
 
-    --experiment destination[:SCALE][:egress]
+    --experiment destination[:SCALE][:egress][:outside]
                                the pair term's call side gains ``p|dest|<domain>``: the
                                last two labels of the mail recipient's domain (``to``) or
                                of the URL's host (``url``), of value SCALE (default 1)
                                before the site's L2 normalisation, so an org-internal
                                POST or mail after a secret read can say "allow" through
                                its own factor; ``:egress``: only on calls that can carry
-                               data out (known_names.py `egress_call`)
+                               data out (known_names.py `egress_call`); ``:outside``:
+                               appended after the site's normalisation (the site's keys
+                               keep their values; the key only adds its factor)
     --experiment dest-cross=S  a linear feature ``xd|<destination>`` of value S on a call
                                that can carry data out after a history that read a
                                credential file: the history rule's conjunction per
@@ -88,31 +90,29 @@ from gated.engine.wide_learner import WideAdaGrad  # noqa: E402
 
 
 def destination(context: str) -> str | None:
-    """The last two labels of where a call sends to: the ``to`` argument's domain when it
-    is a mail address, else the ``url`` argument's host (the stream's two destinations).
-    Not the registrable domain (no public-suffix list: ``co.uk`` is one)."""
-    _, args = wide._parse_call(context)
-    to, url = args.get("to"), args.get("url")
-    host = None
-    if isinstance(to, str) and "@" in to:
-        host = to.rsplit("@", 1)[1]
-    elif isinstance(url, str) and (m := wide._URL_AUTHORITY.search(url)):
-        host = m.group().rpartition("@")[2].split(":")[0]  # the authority less user, port
-    return ".".join(host.lower().split(".")[-2:]) if host else None
+    """Where a call sends to (engine/wide.py `call_destination`, which this experiment
+    became: ModelConfig.wide_pair_destination)."""
+    return wide.call_destination(wide._parse_call(context)[1])
 
 
-def with_destination(pair_features, scale: float = 1.0, egress_only: bool = False):
+def with_destination(pair_features, scale: float = 1.0, egress_only: bool = False,
+                     outside_norm: bool = False):
     """`pair_features` with the destination key on the call side, of raw value `scale`
-    (`egress_only`: only on calls that can carry data out, known_names.egress_call)."""
-    def features(context, history, buckets, sensitive_scale=0.0, egress_scale=0.0):
+    (`egress_only`: only on calls that can carry data out, known_names.egress_call;
+    `outside_norm`: appended after the site's L2 normalisation, so the site's own keys
+    keep their full value and the key only adds to them)."""
+    def features(context, history, buckets, sensitive_scale=0.0, egress_scale=0.0, *rest):
         c_idx, c_val, h_idx, h_val, h_grp = pair_features(context, history, buckets,
-                                                           sensitive_scale, egress_scale)
+                                                           sensitive_scale, egress_scale,
+                                                           *rest)
         dest = destination(context)
         if dest is None or (egress_only and not egress_call(*wide._parse_call(context))):
             return c_idx, c_val, h_idx, h_val, h_grp
+        key = wide._bucket("p|dest|" + dest, buckets)
+        if outside_norm:
+            return np.r_[c_idx, key], np.r_[c_val, scale], h_idx, h_val, h_grp
         raw = np.r_[c_val / c_val[0], scale]  # the site's raw values: its tool key is 1.0
-        return (np.r_[c_idx, wide._bucket("p|dest|" + dest, buckets)],
-                raw / np.linalg.norm(raw), h_idx, h_val, h_grp)
+        return np.r_[c_idx, key], raw / np.linalg.norm(raw), h_idx, h_val, h_grp
     return features
 
 
@@ -296,11 +296,11 @@ def main() -> None:
     a = ap.parse_args()
     held, views = [0], [0]
     for exp in a.experiment:
-        if exp.startswith("destination"):  # destination[:SCALE][:egress]
+        if exp.startswith("destination"):  # destination[:SCALE][:egress][:outside]
             opts = exp.split(":")[1:]
-            scale = next((float(o) for o in opts if o != "egress"), 1.0)
+            scale = next((float(o) for o in opts if o not in ("egress", "outside")), 1.0)
             tokenizer.pair_features = with_destination(tokenizer.pair_features, scale,
-                                                       "egress" in opts)
+                                                       "egress" in opts, "outside" in opts)
         elif exp.startswith("dest-cross="):
             tokenizer.structured_features = with_dest_cross(tokenizer.structured_features,
                                                             float(exp.split("=", 1)[1]))

@@ -21,7 +21,7 @@ from gated.engine.known_names import (
     sensitive_file,
 )
 from gated.engine.tokenizer import source_batch
-from gated.engine.wide import _bucket, pair_features, structured_features
+from gated.engine.wide import _bucket, call_destination, pair_features, structured_features
 from gated.traffic import POOLS
 
 
@@ -179,6 +179,65 @@ def test_the_egress_key_joins_the_call_site_at_unit_norm() -> None:
     c_idx, c_val, *_ = pair_features(mail, hist, n, egress_scale=1.0)
     assert list(c_idx) == [_bucket("p|email.send", n), _bucket("p|egress", n)]
     assert np.linalg.norm(c_val) == pytest.approx(1.0)
+
+
+def test_where_a_call_sends_to() -> None:
+    assert call_destination({"url": "https://jira.acme.io/issues/7"}) == "acme.io"
+    assert call_destination({"url": "http://u:pw@CI.Acme.IO:8443/x?y=1"}) == "acme.io"
+    assert call_destination({"to": "bob@Mail.Acme.io", "url": "https://x.example/"}) \
+        == "acme.io"  # a mail's recipient before any URL in it
+    assert call_destination({"url": "http://localhost:2379/v2"}) == "localhost"
+    assert call_destination({"to": "not a mail", "url": 7}) is None
+    assert call_destination({"path": "/w/.env"}) is None
+
+
+def test_the_destination_key_adds_to_the_site_outside_its_norm() -> None:
+    """On a call that can carry data out, ``p|dest|<where>`` of the configured value is
+    appended after the site's normalisation: the site's own keys keep their values."""
+    n = 1 << 10
+    hist = [_call("fs.read", path="/w/.env")]
+    post = _call("http.request", method="POST", url="https://jira.acme.io/issues/7")
+    c_idx, c_val, *_ = pair_features(post, hist, n, egress_scale=1.0, destination_scale=0.25)
+    assert list(c_idx) == [_bucket(k, n) for k in ("p|http.request", "p|http.request|POST",
+                                                   "p|egress", "p|dest|acme.io")]
+    np.testing.assert_allclose(c_val, [3 ** -0.5] * 3 + [0.25])
+    mail = _call("email.send", to="bob@acme.io", subject="hi")
+    assert pair_features(mail, hist, n, destination_scale=0.25)[0][-1] == \
+        _bucket("p|dest|acme.io", n)  # mail and uploads to the org share the key
+    get = _call("http.request", method="GET", url="https://jira.acme.io/issues/7")
+    assert _bucket("p|dest|acme.io", n) not in pair_features(get, hist, n,
+                                                             destination_scale=0.25)[0]
+    assert _bucket("p|dest|acme.io", n) not in pair_features(post, hist, n)[0]  # off
+
+
+def test_the_destination_key_lets_the_org_upload_after_a_secret_read() -> None:
+    """The history rule is "a secret read, then data sent outside". A wide-only learner
+    that saw uploads after a secret read blocked when they went to a fresh outside host
+    and allowed when they went to the org's own hosts: with the destination key, an
+    upload to another org host after a secret read scores well above one to an unseen
+    outside host, which stays blocked; without it the two look alike to the pair term."""
+    rng = np.random.default_rng(0)
+    secret, config = [_call("fs.read", path="/w/.env")], [_call("fs.read", path="/w/app.yml")]
+
+    def logits(dest: float) -> tuple[float, float]:
+        wide = WideOnly(wide_pair_rank=4, wide_sensitive_files=1.0, wide_egress_calls=1.0,
+                        wide_pair_destination=dest)
+        for k in range(400):
+            org = bool(rng.random() < 0.5)
+            host = f"{('ci', 'jira', 'wiki')[k % 3]}.acme.io" if org else f"h{k}.example"
+            post = _call("http.request", method="POST", url=f"https://{host}/x{k}")
+            if rng.random() < 0.5:
+                wide.learn(post, secret, 1.0 if org else 0.0)
+            else:
+                wide.learn(post, config, 1.0)
+        org_post = _call("http.request", method="POST", url="https://grafana.acme.io/x")
+        out_post = _call("http.request", method="POST", url="https://new-site.example/x")
+        return wide.logit(org_post, secret), wide.logit(out_post, secret)
+
+    (org0, out0), (org1, out1) = logits(0.0), logits(0.25)
+    print(f"after a secret read, org / outside upload: without the key {org0:+.2f} / "
+          f"{out0:+.2f}, with it {org1:+.2f} / {out1:+.2f}")
+    assert out1 < 0 and org1 - out1 > org0 - out0 + 1.0
 
 
 def test_the_egress_mark_carries_what_uploads_taught_to_mail() -> None:

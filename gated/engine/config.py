@@ -89,6 +89,13 @@ class ModelConfig:
     #: data out (engine/known_names.py `egress_call`: an HTTP body, mail, an upload), so
     #: the channels share what they learn about the history (0 = none; docs/learning.md).
     wide_egress_calls: float = 1.0
+    #: ... and, on such a call, a key for where it sends to (engine/wide.py
+    #: `call_destination`: the last two labels of the mail domain or the URL's host) of
+    #: this value, added after the site's L2 normalisation: the org's own hosts learn a
+    #: factor that silences the history rule for them, while a destination never seen
+    #: adds only its small initial factor (0 = none; docs/learning.md, "A destination on
+    #: the pair term").
+    wide_pair_destination: float = 0.25
     #: The call x history pair term (engine/wide.py `pair_features`, `pair_logit`): rank of
     #: its two factor tables, each [wide_pair_buckets, rank]. 0 (or no wide path) = none.
     wide_pair_rank: int = 8
@@ -134,7 +141,8 @@ class ModelConfig:
         for name in ("wide_buckets", "max_history", "wide_history_scale", "wide_call_words",
                      "wide_history_cross", "wide_call_shapes", "wide_known_names",
                      "wide_sensitive_files", "wide_endpoints", "wide_sql_statements",
-                     "wide_path_places", "wide_egress_calls", "wide_pair_rank",
+                     "wide_path_places", "wide_egress_calls", "wide_pair_destination",
+                     "wide_pair_rank",
                      "wide_pair_buckets", "wide_pair_init", "wide_pair_pool", "wide_pair_veto"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")

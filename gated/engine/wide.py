@@ -321,8 +321,25 @@ def structured_features(context: str, history: Sequence[str] | None, buckets: in
 _NAME_WORD = re.compile(r"[A-Za-z0-9]+")
 
 
+def call_destination(args: dict) -> str | None:
+    """Where a call sends to, as the last two labels of a host: the ``to`` argument's
+    domain when it is a mail address, else the ``url`` argument's host (less user and
+    port), lower-cased; None when it names neither. Not the registrable domain (there is
+    no public-suffix list here: ``co.uk`` is one): the org's hosts (``jira.acme.io``,
+    ``ci.acme.io``) share their key, which is what the pair term needs."""
+    to, url = args.get("to"), args.get("url")
+    host = None
+    if isinstance(to, str) and "@" in to:
+        host = to.rsplit("@", 1)[1]
+    elif isinstance(url, str) and (m := _URL_AUTHORITY.search(url)):
+        host = m.group().rpartition("@")[2].split(":")[0]
+    host = (host or "").strip().strip(".").lower()
+    return ".".join(host.split(".")[-2:]) if host else None
+
+
 def pair_features(context: str, history: Sequence[str] | None, buckets: int,
-                  sensitive_scale: float = 0.0, egress_scale: float = 0.0
+                  sensitive_scale: float = 0.0, egress_scale: float = 0.0,
+                  destination_scale: float = 0.0
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The two sides of the call x history pair term: (call idx, call val, history idx,
     history val, history entry), bucket ids in 1..buckets-1.
@@ -331,7 +348,13 @@ def pair_features(context: str, history: Sequence[str] | None, buckets: int,
       `egress_scale` > 0, ``p|egress`` of that value when the call can carry data out
       (known_names.py `egress_call`: the one key mail shares with an HTTP upload); the
       site's values scaled to an L2 norm of 1, so a site with a method or the mark is not
-      louder than one without.
+      louder than one without. With `destination_scale` > 0, such a call also gets
+      ``p|dest|<where it sends to>`` (`call_destination`) of that value, added after the
+      normalisation: the history rule is "a secret read, then data sent OUTSIDE", and
+      the org's own hosts (an allowed upload to ``jira.acme.io`` after a ``.env`` read)
+      can only be told apart by where the call goes; outside the norm, the site's own
+      keys keep their full value, and a destination never seen adds only its small
+      initial factor (docs/learning.md, "A destination on the pair term").
     - The history's keys: for every entry with a ``path`` argument, the entry's tool and
       the file's last component (``fs.read|.env``) and each word of that name (``env``,
       ``secrets``, ``yml``), value 1 each, deduplicated within the entry, with the
@@ -351,8 +374,10 @@ def pair_features(context: str, history: Sequence[str] | None, buckets: int,
     method = args.get("method")
     site = dict.fromkeys([f"p|{tool}"] + ([f"p|{tool}|{method}"] if isinstance(method, str)
                                           else []), 1.0)
-    if egress_scale > 0 and egress_call(tool, args):
+    egress = egress_call(tool, args)
+    if egress_scale > 0 and egress:
         site["p|egress"] = egress_scale
+    dest = call_destination(args) if destination_scale > 0 and egress else None
     keys: list[tuple[str, int]] = []
     entries = 0
     for entry in (history or [])[-MAX_STRUCTURED:]:
@@ -368,10 +393,14 @@ def pair_features(context: str, history: Sequence[str] | None, buckets: int,
             entries += 1
     c_idx = np.fromiter((_bucket(k, buckets) for k in site), np.int64, len(site))
     c_val = np.fromiter(site.values(), np.float64, len(site))
+    c_val /= np.linalg.norm(c_val)
+    if dest is not None:
+        c_idx = np.append(c_idx, _bucket(f"p|dest|{dest}", buckets))
+        c_val = np.append(c_val, destination_scale)
     h_idx = np.fromiter((_bucket(k, buckets) for k, _, _ in keys), np.int64, len(keys))
     h_val = np.fromiter((v for _, v, _ in keys), np.float64, len(keys))
     h_grp = np.fromiter((e for _, _, e in keys), np.int64, len(keys))
-    return (c_idx, c_val / np.linalg.norm(c_val), h_idx, h_val, h_grp)
+    return c_idx, c_val, h_idx, h_val, h_grp
 
 
 def pair_logit(call_rows, call_val, hist_rows, hist_val, pool: float = 0.0, xp=np,
