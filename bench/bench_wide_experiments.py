@@ -7,7 +7,9 @@ left off would make every operator `--reinit`; an idea earns a field when it is 
 The measurements: docs/learning.md, "A destination key, and holding the linear weights
 too (measured 2026-11-25, eighth session; not kept)" (destination, allow-hold), "Five
 more wide-path ideas, none kept" (shared-view, adagrad-init, ngram-scale, ema, pair-lr)
-and "What the first checkpoints miss" (dest-cross).
+and "What the first checkpoints miss" (dest-cross); the destination key outside the
+site's norm (``:outside``) was kept: "The wide path at a drift, and a destination on the
+pair term" (now `ModelConfig.wide_pair_destination`, the harness's grid field 21).
 
     --experiment destination[:SCALE][:egress][:outside]
                                the pair term's call side gains ``p|dest|<domain>``: the

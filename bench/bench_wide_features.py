@@ -213,11 +213,12 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
                 observed.append(i)
                 start = detector.update(float((z >= 0) != (y >= 0.5)))
                 if start is not None:  # the trainer's on_drift, for the wide path
-                    look.forget_before(observed[min(start, len(observed) - 1)])
+                    began = observed[min(start, len(observed) - 1)]
+                    look.forget_before(began)
                     wide.relax(drift_relax, None if drift_relax_pair < 0 else drift_relax_pair)
                     if drift_cap > 0:
                         np.minimum(wide.g2, drift_cap, out=wide.g2)
-                    drifts.append((i, observed[min(start, len(observed) - 1)]))
+                    drifts.append((i, began))
                     observed.clear()
         fp = context_fingerprint(s["context"], s.get("history"))
         look.note(fp, y)
