@@ -187,6 +187,8 @@ def test_where_a_call_sends_to() -> None:
     assert call_destination({"to": "bob@Mail.Acme.io", "url": "https://x.example/"}) \
         == "acme.io"  # a mail's recipient before any URL in it
     assert call_destination({"url": "http://localhost:2379/v2"}) == "localhost"
+    assert call_destination({"url": "http://185.173.83.9:4444/x"}) == "185.173.83.9"
+    assert call_destination({"url": "http://[FD00:EC2::254]:80/latest"}) == "fd00:ec2::254"
     assert call_destination({"to": "not a mail", "url": 7}) is None
     assert call_destination({"path": "/w/.env"}) is None
 

@@ -26,6 +26,7 @@ holds the wide weights still in turn (block-coordinate descent on one loss).
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import itertools
 import json
 import math
@@ -324,17 +325,24 @@ _NAME_WORD = re.compile(r"[A-Za-z0-9]+")
 def call_destination(args: dict) -> str | None:
     """Where a call sends to, as the last two labels of a host: the ``to`` argument's
     domain when it is a mail address, else the ``url`` argument's host (less user and
-    port), lower-cased; None when it names neither. Not the registrable domain (there is
-    no public-suffix list here: ``co.uk`` is one): the org's hosts (``jira.acme.io``,
-    ``ci.acme.io``) share their key, which is what the pair term needs."""
+    port), lower-cased; an IP address whole; None when it names neither. Not the
+    registrable domain (there is no public-suffix list here: ``co.uk`` is one): the org's
+    hosts (``jira.acme.io``, ``ci.acme.io``) share their key, which is what the pair term
+    needs."""
     to, url = args.get("to"), args.get("url")
     host = None
     if isinstance(to, str) and "@" in to:
         host = to.rsplit("@", 1)[1]
     elif isinstance(url, str) and (m := _URL_AUTHORITY.search(url)):
-        host = m.group().rpartition("@")[2].split(":")[0]
+        host = m.group().rpartition("@")[2]  # the authority less its user information
+        host = host[1:].partition("]")[0] if host.startswith("[") else host.split(":")[0]
     host = (host or "").strip().strip(".").lower()
-    return ".".join(host.split(".")[-2:]) if host else None
+    if not host:
+        return None
+    try:
+        return str(ipaddress.ip_address(host))  # 10.0.0.7, fd00:ec2::254: one machine
+    except ValueError:
+        return ".".join(host.split(".")[-2:])
 
 
 def pair_features(context: str, history: Sequence[str] | None, buckets: int,
