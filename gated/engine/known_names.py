@@ -213,6 +213,16 @@ _URL_HOST = re.compile(r"^[a-z][a-z0-9+.-]*://(?:[^@/?#\s]*@)?"
                        r"(\[[^\]]*\]|[^/:?#\s]*)(?::(\d{1,5})(?!\d))?", re.I)
 
 
+def url_host(url: str) -> tuple[str, str | None] | None:
+    """(host, port or None) of `url` (scheme://[user@]host[:port]/...): the host
+    lower-cased, an IPv6 address without its brackets, a trailing dot dropped; None for
+    anything not a URL."""
+    m = _URL_HOST.match(url.strip())
+    if m is None:
+        return None
+    return m.group(1).strip("[]").lower().rstrip("."), m.group(2)
+
+
 def endpoint_kind(url: str) -> str | None:
     """``"metadata"`` when `url` (scheme://host[:port]/...) reaches a cloud metadata
     service, a link-local address or an unauthenticated control port (`METADATA_HOSTS`,
@@ -223,10 +233,10 @@ def endpoint_kind(url: str) -> str | None:
     (``100.100.100.200``, ``127.0.0.1:2375``, ``termbin.com``) shares none of its bytes
     with the ones it learned to block; as with the package names, the mark says only what
     the endpoint is by common knowledge -- what reaching it means is learned."""
-    m = _URL_HOST.match(url.strip())
-    if m is None:
+    found = url_host(url)
+    if found is None:
         return None
-    host, port = m.group(1).strip("[]").lower().rstrip("."), m.group(2)
+    host, port = found
     if (host in METADATA_HOSTS or host.startswith("169.254.")
             or (port is not None and int(port) in CONTROL_PORTS)):
         return "metadata"

@@ -36,7 +36,7 @@ from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from .known_names import PACKAGES, egress_call, endpoint_kind, path_place, sensitive_file
+from .known_names import PACKAGES, egress_call, endpoint_kind, path_place, sensitive_file, url_host
 from .sql_statements import SQL_ROW_CHANGES, sql_statements
 
 _FNV_OFFSET = np.uint64(0xCBF29CE484222325)
@@ -333,9 +333,8 @@ def call_destination(args: dict) -> str | None:
     host = None
     if isinstance(to, str) and "@" in to:
         host = to.rsplit("@", 1)[1]
-    elif isinstance(url, str) and (m := _URL_AUTHORITY.search(url)):
-        host = m.group().rpartition("@")[2]  # the authority less its user information
-        host = host[1:].partition("]")[0] if host.startswith("[") else host.split(":")[0]
+    elif isinstance(url, str) and (found := url_host(url)):
+        host = found[0]
     host = (host or "").strip().strip(".").lower()
     if not host:
         return None
