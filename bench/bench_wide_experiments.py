@@ -26,6 +26,15 @@ pair term" (now `ModelConfig.wide_pair_destination`, the harness's grid field 21
                                credential file: the history rule's conjunction per
                                destination, starting at 0 (unseen destinations say
                                nothing; the org's own learn "allow")
+    --experiment domain-key=S[:tool][:only]
+                               a linear feature ``d|<domain>`` of value S on every call
+                               that names a destination (`call_destination`: a URL's host
+                               or a mail recipient's domain, last two labels), whatever
+                               its method (``:tool``: ``d|<tool>|<method>|<domain>`` too;
+                               ``:only``: that one alone): an allow list works by domain,
+                               and after a policy change that allows four domains and
+                               blocks the rest the URL's words (``github``, ``com``,
+                               diluted by the call's other words) were what said which
     --experiment allow-hold=H  a first look's "allow" (weight 1: not a correction) that
                                the wide logit contradicts by more than H is not learned
                                at all until its second look (the pair term's hold,
@@ -136,6 +145,23 @@ def with_dest_cross(structured_features, scale: float):
             if isinstance(path, str) and sensitive_file(path):
                 return (np.r_[idx, wide._bucket("xd|" + dest, buckets)], np.r_[val, scale])
         return idx, val
+    return features
+
+
+def with_domain_key(structured_features, scale: float, per_tool: bool, only_tool: bool):
+    """`structured_features` with ``d|<domain>`` (and/or ``d|<tool>|<method>|<domain>``)
+    of value `scale` on every call with a destination (`call_destination`)."""
+    def features(context, history, buckets, *args):
+        idx, val = structured_features(context, history, buckets, *args)
+        tool, call_args = wide._parse_call(context)
+        dest = wide.call_destination(call_args)
+        if dest is None:
+            return idx, val
+        method = call_args.get("method") if isinstance(call_args.get("method"), str) else ""
+        names = ([] if only_tool else [f"d|{dest}"]) + (
+            [f"d|{tool}|{method}|{dest}"] if per_tool or only_tool else [])
+        keys = [wide._bucket(n, buckets) for n in names]
+        return np.r_[idx, keys], np.r_[val, [scale] * len(keys)]
     return features
 
 
@@ -306,6 +332,10 @@ def main() -> None:
         elif exp.startswith("dest-cross="):
             tokenizer.structured_features = with_dest_cross(tokenizer.structured_features,
                                                             float(exp.split("=", 1)[1]))
+        elif exp.startswith("domain-key="):  # domain-key=S[:tool][:only]
+            scale, *opts = exp.split("=", 1)[1].split(":")
+            tokenizer.structured_features = with_domain_key(
+                tokenizer.structured_features, float(scale), "tool" in opts, "only" in opts)
         elif exp.startswith("allow-hold="):
             WideAdaGrad.learn = with_allow_hold(WideAdaGrad.learn,
                                                 float(exp.split("=", 1)[1]), held)
@@ -327,7 +357,7 @@ def main() -> None:
             WideAdaGrad.learn = with_pair_lr(WideAdaGrad.learn, float(early), int(until))
         else:
             ap.error(f"unknown experiment {exp!r}: destination[:SCALE][:egress], dest-cross=S, "
-                     "allow-hold=H, shared-view=P[:words][:history], adagrad-init=G0[:pair], "
+                     "domain-key=S[:tool][:only], allow-hold=H, shared-view=P[:words][:history], adagrad-init=G0[:pair], "
                      "ngram-scale=S, ema=D or pair-lr=LR:N")
     rest = a.rest[1:] if a.rest[:1] == ["--"] else a.rest
     pair_hold = float(rest[rest.index("--pair-hold") + 1]) if "--pair-hold" in rest else 0.0
