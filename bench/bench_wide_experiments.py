@@ -35,6 +35,15 @@ pair term" (now `ModelConfig.wide_pair_destination`, the harness's grid field 21
                                and after a policy change that allows four domains and
                                blocks the rest the URL's words (``github``, ``com``,
                                diluted by the call's other words) were what said which
+    --experiment relax-part=R:structured|ngrams
+                               at a drift alarm (the harness's --drift-relax, which must
+                               be 1) AdaGrad's sums of the linear weights are multiplied by
+                               R only at the buckets the structured features (words,
+                               shapes, marks, crosses: ``structured``) or the byte n-grams
+                               (``ngrams``) have used: relaxing every sum adapted faster
+                               and cost block recall on unseen values, the new policy's
+                               first examples learned by their own n-grams more than by
+                               the shapes an unseen value shares with them
     --experiment allow-hold=H  a first look's "allow" (weight 1: not a correction) that
                                the wide logit contradicts by more than H is not learned
                                at all until its second look (the pair term's hold,
@@ -163,6 +172,37 @@ def with_domain_key(structured_features, scale: float, per_tool: bool, only_tool
         keys = [wide._bucket(n, buckets) for n in names]
         return np.r_[idx, keys], np.r_[val, [scale] * len(keys)]
     return features
+
+
+#: the linear buckets each kind of feature has used, for relax-part
+_USED: dict[str, set[int]] = {"structured": set(), "ngrams": set()}
+
+
+def record_used() -> None:
+    """Wrap the tokenizer's feature functions so that `_USED` collects their buckets."""
+    ngrams, structured = tokenizer.wide_features, tokenizer.structured_features
+
+    def wide_features(*args, **kw):
+        idx, val = ngrams(*args, **kw)
+        _USED["ngrams"].update(idx[1:].tolist())  # position 0 is the bias
+        return idx, val
+
+    def structured_features(*args, **kw):
+        idx, val = structured(*args, **kw)
+        _USED["structured"].update(idx.tolist())
+        return idx, val
+
+    tokenizer.wide_features, tokenizer.structured_features = wide_features, structured_features
+
+
+def with_relax_part(relax, factor: float, part: str):
+    """`WideAdaGrad.relax` that also multiplies the linear sums of `part`'s buckets by
+    `factor` (the harness calls it with 1: the pair term and the rest stay)."""
+    def relax_part(self, f, pair_factor=None):
+        relax(self, f, pair_factor)
+        used = np.fromiter(_USED[part], np.int64)
+        self.g2[used] *= factor
+    return relax_part
 
 
 def with_allow_hold(learn, threshold: float, held: list[int]):
@@ -336,6 +376,12 @@ def main() -> None:
             scale, *opts = exp.split("=", 1)[1].split(":")
             tokenizer.structured_features = with_domain_key(
                 tokenizer.structured_features, float(scale), "tool" in opts, "only" in opts)
+        elif exp.startswith("relax-part="):  # relax-part=R:structured|ngrams
+            factor, part = exp.split("=", 1)[1].split(":")
+            if part not in _USED:
+                ap.error(f"relax-part=R:structured or R:ngrams, not {part!r}")
+            record_used()
+            WideAdaGrad.relax = with_relax_part(WideAdaGrad.relax, float(factor), part)
         elif exp.startswith("allow-hold="):
             WideAdaGrad.learn = with_allow_hold(WideAdaGrad.learn,
                                                 float(exp.split("=", 1)[1]), held)
@@ -357,7 +403,8 @@ def main() -> None:
             WideAdaGrad.learn = with_pair_lr(WideAdaGrad.learn, float(early), int(until))
         else:
             ap.error(f"unknown experiment {exp!r}: destination[:SCALE][:egress], dest-cross=S, "
-                     "domain-key=S[:tool][:only], allow-hold=H, shared-view=P[:words][:history], adagrad-init=G0[:pair], "
+                     "domain-key=S[:tool][:only], relax-part=R:PART, "
+                     "allow-hold=H, shared-view=P[:words][:history], adagrad-init=G0[:pair], "
                      "ngram-scale=S, ema=D or pair-lr=LR:N")
     rest = a.rest[1:] if a.rest[:1] == ["--"] else a.rest
     pair_hold = float(rest[rest.index("--pair-hold") + 1]) if "--pair-hold" in rest else 0.0

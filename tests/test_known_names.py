@@ -242,6 +242,54 @@ def test_the_destination_key_lets_the_org_upload_after_a_secret_read() -> None:
     assert out1 < 0 and org1 - out1 > org0 - out0 + 1.0
 
 
+def test_the_domain_key_names_where_any_call_reaches() -> None:
+    """``d|<domain>`` of the configured value on every call that names a destination,
+    whatever its tool or method; none on a call that names none, none when off."""
+    n = 1 << 12
+    get = _call("http.request", method="GET", url="https://api.github.com/repos/x/y")
+    idx, val = structured_features(get, None, n, 0.0, 0.0, domain_scale=0.3)
+    assert list(idx) == [_bucket("d|github.com", n)] and list(val) == [0.3]
+    for call, domain in ((_call("browser.open", url="https://docs.python.org/3/"), "python.org"),
+                         (_call("email.send", to="bob@acme.io", subject="hi"), "acme.io")):
+        idx, val = structured_features(call, None, n, 0.3, 0.0, 1.0, domain_scale=0.3)
+        assert _bucket("d|" + domain, n) in idx
+        assert val[list(idx).index(_bucket("d|" + domain, n))] == 0.3  # outside any norm
+    assert len(structured_features(_call("fs.read", path="/w/a.py"), None, n, 0.0, 0.0,
+                                   domain_scale=0.3)[0]) == 0
+    assert len(structured_features(get, None, n, 0.0, 0.0)[0]) == 0  # off by default
+    cfg = dataclasses.replace(ModelConfig.tiny(), wide_buckets=n)
+    assert _bucket("d|github.com", n) in source_batch([(get, None)], cfg)["wide_idx"][0]
+
+
+def test_the_domain_key_learns_an_allow_list_by_domain() -> None:
+    """After a policy that lets GETs reach two domains only, a wide-only learner that saw
+    a few dozen GETs (allowed on those two, blocked elsewhere) scores a GET to a host and
+    path of an allowed domain it never saw, and one to a blocked domain it saw, further
+    apart with the domain key than without: the URL's words say the domain too, but
+    diluted by every other word of the call."""
+    rng = np.random.default_rng(0)
+    allowed, blocked = ("github.com", "python.org"), ("datadoghq.com", "segment.io",
+                                                     "stripe.com", "openai.com")
+
+    def gap(domains: float) -> float:
+        wide = WideOnly(wide_call_domains=domains)
+        for k in range(60):
+            ok = bool(rng.random() < 0.4)
+            domain = (allowed if ok else blocked)[k % (2 if ok else 4)]
+            url = f"https://{('api', 'www', 'docs')[k % 3]}.{domain}/v{k % 3}/items/{k}"
+            wide.learn(_call("http.request", method="GET", url=url), None, 1.0 if ok else 0.0)
+        z_ok = wide.logit(_call("http.request", method="GET",
+                                url="https://uploads.github.com/assets/7731"))
+        z_no = wide.logit(_call("http.request", method="GET",
+                                url="https://metrics.stripe.com/assets/7731"))
+        return z_ok - z_no
+
+    without, with_key = gap(0.0), gap(0.3)
+    print(f"allowed minus blocked domain, unseen host and path: without the key "
+          f"{without:+.2f}, with it {with_key:+.2f}")
+    assert with_key > without + 0.5
+
+
 def test_the_egress_mark_carries_what_uploads_taught_to_mail() -> None:
     """A wide-only learner that saw the history rule only on HTTP uploads (a POST after a
     secret read blocked, after a config read allowed): with the egress mark, mail after a

@@ -181,14 +181,16 @@ def test_argument_shapes_let_an_unseen_value_share_the_features_of_its_kind():
 def test_source_batch_adds_the_structured_features_to_the_ngrams():
     cfg = ModelConfig.tiny()
     off = dataclasses.replace(cfg, wide_call_words=0.0, wide_history_cross=0.0,
-                              wide_call_shapes=0.0)
+                              wide_call_shapes=0.0, wide_call_domains=0.0)
     items = [(_call("http.request", method="POST", url="https://a.io"),
               [_call("fs.read", path="/w/.env")])]
     on_b, off_b = source_batch(items, cfg), source_batch(items, off)
     k = np.count_nonzero(off_b["wide_val"][0])
-    extra = structured_features(*items[0], cfg.wide_buckets, 0.3, 0.3, cfg.wide_call_shapes)
-    # words: POST, https : / a . io; shapes: each value and its one token; one cross
-    assert cfg.wide_call_shapes > 0 and len(extra[0]) == 7 + 4 + 1
+    extra = structured_features(*items[0], cfg.wide_buckets, 0.3, 0.3, cfg.wide_call_shapes,
+                                domain_scale=cfg.wide_call_domains)
+    # words: POST, https : / a . io; shapes: each value and its one token; the domain
+    # a.io; one cross
+    assert cfg.wide_call_shapes > 0 and len(extra[0]) == 7 + 4 + 1 + 1
     np.testing.assert_array_equal(on_b["wide_idx"][0, :k], off_b["wide_idx"][0, :k])
     np.testing.assert_array_equal(on_b["wide_idx"][0, k:k + len(extra[0])], extra[0])
 

@@ -85,6 +85,10 @@ class ModelConfig:
     #: `path_place`: system, home-dot, parent, tmp, ...), alone and with the argument's
     #: first word, their total L2 norm this (0 = none; docs/learning.md, "Path places").
     wide_path_places: float = 0.5
+    #: ... and a key of this value for the domain a call reaches or sends to (engine/wide.py
+    #: `call_destination`), whatever its tool or method: an allow list works by domain
+    #: (0 = none; docs/learning.md, "A domain key").
+    wide_call_domains: float = 0.3
     #: ... and a key of this value on the pair term's call side when the call can carry
     #: data out (engine/known_names.py `egress_call`: an HTTP body, mail, an upload), so
     #: the channels share what they learn about the history (0 = none; docs/learning.md).
@@ -141,8 +145,8 @@ class ModelConfig:
         for name in ("wide_buckets", "max_history", "wide_history_scale", "wide_call_words",
                      "wide_history_cross", "wide_call_shapes", "wide_known_names",
                      "wide_sensitive_files", "wide_endpoints", "wide_sql_statements",
-                     "wide_path_places", "wide_egress_calls", "wide_pair_destination",
-                     "wide_pair_rank",
+                     "wide_path_places", "wide_call_domains", "wide_egress_calls",
+                     "wide_pair_destination", "wide_pair_rank",
                      "wide_pair_buckets", "wide_pair_init", "wide_pair_pool", "wide_pair_veto"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")

@@ -153,7 +153,7 @@ def source_batch(items: Sequence[tuple[str, Sequence[str] | None]],
                  for ids, seg in encoded]
         if (cfg.wide_call_words or cfg.wide_history_cross or cfg.wide_call_shapes
                 or cfg.wide_known_names or cfg.wide_sensitive_files or cfg.wide_endpoints
-                or cfg.wide_sql_statements or cfg.wide_path_places):
+                or cfg.wide_sql_statements or cfg.wide_path_places or cfg.wide_call_domains):
             feats = [(np.concatenate([i, si]), np.concatenate([v, sv]))
                      for (i, v), (si, sv) in zip(feats, (
                          structured_features(c, h, cfg.wide_buckets, cfg.wide_call_words,
@@ -163,7 +163,8 @@ def source_batch(items: Sequence[tuple[str, Sequence[str] | None]],
                                              cfg.wide_endpoints,
                                              cfg.wide_sql_statements,
                                              cfg.wide_path_places,
-                                             cfg.wide_shape_hosts)
+                                             cfg.wide_shape_hosts,
+                                             cfg.wide_call_domains)
                          for c, h in items),
                          strict=True)]
         out["wide_idx"], out["wide_val"] = pad_features(feats)

@@ -182,8 +182,8 @@ def structured_features(context: str, history: Sequence[str] | None, buckets: in
                         word_scale: float, cross_scale: float, shape_scale: float = 0.0,
                         known_scale: float = 0.0, sensitive_scale: float = 0.0,
                         endpoint_scale: float = 0.0, sql_scale: float = 0.0,
-                        place_scale: float = 0.0, shape_hosts: bool = True
-                        ) -> tuple[np.ndarray, np.ndarray]:
+                        place_scale: float = 0.0, shape_hosts: bool = True,
+                        domain_scale: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """Features of the call's parsed arguments and of the call x its history: (idx, val).
 
     Why, beside the byte n-grams (measured, docs/learning.md "Structured wide features"):
@@ -235,6 +235,12 @@ def structured_features(context: str, history: Sequence[str] | None, buckets: in
       sqrt(count)): where a deletion, write or read lands, which a path never seen
       (``rm --recursive --force /srv/hr``) shares with the learned ones by its place
       only (docs/learning.md, "Path places").
+    - **Domains** ``d|domain`` (value `domain_scale`): where the call reaches or sends to
+      (`call_destination`: the last two labels of a URL's host or a mail domain), whatever
+      its tool or method. An allow list works by domain; the URL's words say it too, but
+      diluted by every other word of the call, so after a policy change that allows a
+      few domains and blocks the rest the gate learned the domains' verdicts slower than
+      the char-n-gram anchor (docs/learning.md, "A domain key").
     """
     out: list[tuple[int, float]] = []
     tool, args = _parse_call(context)
@@ -303,6 +309,8 @@ def structured_features(context: str, history: Sequence[str] | None, buckets: in
                     if len(tokens) > 1:
                         places.setdefault(f"l|{tool}|{key}|{tokens[0]}|{place}")
         out += _at_norm(places, place_scale, buckets)  # <= 2 x 9 x 32
+    if domain_scale > 0 and (domain := call_destination(args)) is not None:
+        out.append((_bucket("d|" + domain, buckets), domain_scale))
     if cross_scale > 0 and history:
         key = f"x|{tool}|{method}#"
         crosses: dict[str, None] = {}
