@@ -9,7 +9,9 @@ too (measured 2026-11-25, eighth session; not kept)" (destination, allow-hold), 
 more wide-path ideas, none kept" (shared-view, adagrad-init, ngram-scale, ema, pair-lr)
 and "What the first checkpoints miss" (dest-cross); the destination key outside the
 site's norm (``:outside``) was kept: "The wide path at a drift, and a destination on the
-pair term" (now `ModelConfig.wide_pair_destination`, the harness's grid field 21).
+pair term" (now `ModelConfig.wide_pair_destination`, the harness's grid field 21), and
+the domain key (``domain-key=0.3``) too: "A domain key" (now `ModelConfig.wide_call_domains`,
+grid field 22; ``relax-part`` measured there, not kept).
 
     --experiment destination[:SCALE][:egress][:outside]
                                the pair term's call side gains ``p|dest|<domain>``: the
