@@ -47,6 +47,20 @@ def test_state_dir_is_created_0750(tmp_path):
 
 # --- SIGTERM answers every request it has read (defect 2) -------------------------------
 
+def _read_the_rest(s: socket.socket, unpacker: msgpack.Unpacker, replies: list) -> None:
+    """Reads every reply still queued for this client until EOF. A send that fails
+    because the daemon has closed the connection (EPIPE, or ECONNRESET when the daemon
+    closed with requests it never read) says nothing about the replies it wrote before
+    closing: they are in this socket's receive queue, and Linux hands them out before it
+    reports the error. Stopping at the failed send would count them as never answered."""
+    try:
+        while data := s.recv(1 << 16):
+            unpacker.feed(data)
+            replies.extend(unpacker)
+    except OSError:
+        pass
+
+
 def _pipelining_client(sock_path, k: int, out: dict, started: threading.Event) -> None:
     """Keeps 4 requests in flight (signals batches, single signals, predicts) until the
     daemon closes the connection; records what it sent and every reply, in order."""
@@ -80,7 +94,7 @@ def _pipelining_client(sock_path, k: int, out: dict, started: threading.Event) -
             replies.extend(unpacker)
             started.set()
     except (BrokenPipeError, ConnectionResetError):
-        pass
+        _read_the_rest(s, unpacker, replies)
     finally:
         s.close()
         out[k] = (sent, replies)
