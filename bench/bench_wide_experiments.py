@@ -11,7 +11,8 @@ and "What the first checkpoints miss" (dest-cross); the destination key outside 
 site's norm (``:outside``) was kept: "The wide path at a drift, and a destination on the
 pair term" (now `ModelConfig.wide_pair_destination`, the harness's grid field 21), and
 the domain key (``domain-key=0.3``) too: "A domain key" (now `ModelConfig.wide_call_domains`,
-grid field 22; ``relax-part`` measured there, not kept).
+grid field 22; ``relax-part`` measured there, not kept); ``pair-egress``: "The pair term
+only on uploads" (not kept).
 
     --experiment destination[:SCALE][:egress][:outside]
                                the pair term's call side gains ``p|dest|<domain>``: the
@@ -23,6 +24,11 @@ grid field 22; ``relax-part`` measured there, not kept).
                                data out (known_names.py `egress_call`); ``:outside``:
                                appended after the site's normalisation (the site's keys
                                keep their values; the key only adds its factor)
+    --experiment pair-egress=S the pair term's call side times S on a call that cannot
+                               carry data out (0: the term is silent there and learns
+                               nothing from it): allowed reads and commands after a
+                               session read a secret no longer teach the secret's factor
+                               "allow" along factors that start shared with the uploads'
     --experiment dest-cross=S  a linear feature ``xd|<destination>`` of value S on a call
                                that can carry data out after a history that read a
                                credential file: the history rule's conjunction per
@@ -135,6 +141,22 @@ def with_destination(pair_features, scale: float = 1.0, egress_only: bool = Fals
             return np.r_[c_idx, key], np.r_[c_val, scale], h_idx, h_val, h_grp
         raw = np.r_[c_val / c_val[0], scale]  # the site's raw values: its tool key is 1.0
         return np.r_[c_idx, key], raw / np.linalg.norm(raw), h_idx, h_val, h_grp
+    return features
+
+
+def with_pair_egress(pair_features, scale: float):
+    """`pair_features` with the call side's values times `scale` on a call that cannot
+    carry data out (known_names.egress_call): at 0 the pair term is silent there and
+    learns nothing from it. Why: the history rule is about uploads; every allowed
+    ``fs.read`` or ``shell.exec`` after a session read its ``.env`` teaches the file's
+    factor "allow" along that site's factor, which the shared initial factor carries over
+    to the upload sites (seed 4: ``.env`` probes blocked 0 of 24 at 1,000 signals, after 11
+    allowed calls and 1 exfiltration with a ``.env`` read in their history)."""
+    def features(context, history, buckets, *rest):
+        c_idx, c_val, h_idx, h_val, h_grp = pair_features(context, history, buckets, *rest)
+        if egress_call(*wide._parse_call(context)):
+            return c_idx, c_val, h_idx, h_val, h_grp
+        return c_idx, c_val * scale, h_idx, h_val, h_grp
     return features
 
 
@@ -371,6 +393,9 @@ def main() -> None:
             scale = next((float(o) for o in opts if o not in ("egress", "outside")), 1.0)
             tokenizer.pair_features = with_destination(tokenizer.pair_features, scale,
                                                        "egress" in opts, "outside" in opts)
+        elif exp.startswith("pair-egress="):
+            tokenizer.pair_features = with_pair_egress(tokenizer.pair_features,
+                                                       float(exp.split("=", 1)[1]))
         elif exp.startswith("dest-cross="):
             tokenizer.structured_features = with_dest_cross(tokenizer.structured_features,
                                                             float(exp.split("=", 1)[1]))
@@ -405,6 +430,7 @@ def main() -> None:
             WideAdaGrad.learn = with_pair_lr(WideAdaGrad.learn, float(early), int(until))
         else:
             ap.error(f"unknown experiment {exp!r}: destination[:SCALE][:egress], dest-cross=S, "
+                     "pair-egress=S, "
                      "domain-key=S[:tool][:only], relax-part=R:PART, "
                      "allow-hold=H, shared-view=P[:words][:history], adagrad-init=G0[:pair], "
                      "ngram-scale=S, ema=D or pair-lr=LR:N")
