@@ -12,7 +12,8 @@ site's norm (``:outside``) was kept: "The wide path at a drift, and a destinatio
 pair term" (now `ModelConfig.wide_pair_destination`, the harness's grid field 21), and
 the domain key (``domain-key=0.3``) too: "A domain key" (now `ModelConfig.wide_call_domains`,
 grid field 22; ``relax-part`` measured there, not kept); ``pair-egress``: "The pair term
-only on uploads" (not kept).
+only on uploads" (not kept); ``dest-unheld``, ``dest-allow-only`` and ``dest-cross`` again:
+"Org uploads after a secret read" (not kept).
 
     --experiment destination[:SCALE][:egress][:outside]
                                the pair term's call side gains ``p|dest|<domain>``: the
@@ -93,6 +94,16 @@ only on uploads" (not kept).
                                a conjunction learned from the first dozen exfiltrations
                                starts from two small factors (init 0.1), whose product
                                grows slowly at first
+    --experiment dest-unheld   the pair hold (`train.wide_pair_hold`) spares the pair
+                               term's destination row: a held first-look "allow" also
+                               steps the call side's ``p|dest|<domain>`` row at once
+    --experiment dest-allow-only[:looks][:zero]
+                               the destination rows never step on a "block" label (put
+                               back after the step), so a row can only learn "not the
+                               history rule, here" and can be louder (grid field 21);
+                               ``:looks``: a correction's or a second look's "block"
+                               steps them as usual; ``:zero``: a destination's row is
+                               zeroed when the features first name it (no initial factor)
 
     .venv/bin/python bench/bench_wide_experiments.py --experiment destination -- \\
         --seeds 0 1 2 3 4 5 --signals 10000 --switch-at 4000 --every 500 --init-seed -1 \\
@@ -242,6 +253,81 @@ def with_allow_hold(learn, threshold: float, held: list[int]):
     return hold_or_learn
 
 
+def with_dest_unheld(learn, pair_features, rows_seen: set, steps: list[int],
+                     zero_table: list | None = None):
+    """`WideAdaGrad.learn` whose pair hold spares the destination key's row: a first-look
+    "allow" the pair term contradicts still steps the linear weights only, and now also
+    the call side's ``p|dest|<domain>`` row (`pair_features` wrapped to record which rows
+    those are). Why: an upload to the org's own host after a secret read is allowed, the
+    pair term says "block" by more than the hold, and only the destination's own factor
+    can say "not this rule, here" without touching what the term learned about secrets
+    and uploads; held, it learns that only at second looks (org uploads after a
+    secret-like read: gated wrong on ~40% of them in the first 7,000 signals of the
+    daemon's traces, the anchor on ~2%). `zero_table` (a list that will hold the call side's
+    table): a destination's row is zeroed when the features first name it."""
+    zero_table = [] if zero_table is None else zero_table
+
+    def features(context, history, buckets, sensitive_scale=0.0, egress_scale=0.0,
+                 destination_scale=0.0):
+        out = pair_features(context, history, buckets, sensitive_scale, egress_scale,
+                            destination_scale)
+        tool, args = wide._parse_call(context)
+        dest = wide.call_destination(args) if destination_scale > 0 else None
+        if dest is not None and egress_call(tool, args):
+            row = wide._bucket(f"p|dest|{dest}", buckets)
+            if zero_table and row not in rows_seen:
+                zero_table[0][row] = 0.0  # before the row's first use: it starts silent
+            rows_seen.add(row)
+        return out
+
+    def learn_dest(self, idx, val, z_rest, label, weight, pair=None, pair_hold=0.0):
+        if pair is None or pair_hold <= 0 or label < 0.5 or self.pair is None:
+            return learn(self, idx, val, z_rest, label, weight, pair, pair_hold)
+        st = self._gradient(idx, val, z_rest, label, weight, pair)
+        z = learn(self, idx, val, z_rest, label, weight, pair, pair_hold)
+        if st["z_pair"] < -pair_hold and st["pair"]:
+            rows, g, now = st["pair"][0]
+            keep = np.isin(rows, np.fromiter(rows_seen, np.int64, len(rows_seen)))
+            if keep.any():
+                steps[0] += 1
+                self._step(self.pair[0], self.pair[1], self.xp.asarray(rows[keep]),
+                           now[keep], g[keep], self.pair_lr)
+        return z
+    return learn_dest, features
+
+
+def with_dest_allow_only(learn, rows_seen: set, kept: list[int], looks: bool = False,
+                         zero_table: list | None = None):
+    """`WideAdaGrad.learn` under which the destination key's rows (`rows_seen`, recorded
+    by `with_dest_unheld`'s features) never step on a "block" label: their weights and
+    sums are put back after the step. Why: the key is there to silence the history rule
+    for the org's own hosts; stepped on blocks too, an outside host's row takes a share
+    of every exfiltration to it, so the rule is learned per destination and an unseen
+    host gets less of it (the key at 1.0 cost block recall on unseen values:
+    docs/learning.md, "A destination on the pair term"); allowed-only, a row can only
+    learn "not the rule, here", and can be louder. `looks`: a "block" that is a correction
+    (weight > 1) or a second look (the harness passes no hold then) steps the rows as
+    usual, so what a wrong "allow" of the gate taught a destination is taken back."""
+    def learn_allow_only(self, idx, val, z_rest, label, weight, pair=None, pair_hold=0.0):
+        if zero_table is not None and not zero_table and self.pair is not None:
+            zero_table.append(self.pair[0])
+        if looks and (weight > 1.0 or pair_hold <= 0):
+            return learn(self, idx, val, z_rest, label, weight, pair, pair_hold)
+        if pair is None or label >= 0.5 or self.pair is None or not rows_seen:
+            return learn(self, idx, val, z_rest, label, weight, pair, pair_hold)
+        c = np.asarray(pair[0])[np.asarray(pair[1]) != 0]
+        rows = c[np.isin(c, np.fromiter(rows_seen, np.int64, len(rows_seen)))]
+        if not len(rows):
+            return learn(self, idx, val, z_rest, label, weight, pair, pair_hold)
+        d_rows = self.xp.asarray(rows)
+        saved = self.pair[0][d_rows].copy(), self.pair[1][d_rows].copy()
+        z = learn(self, idx, val, z_rest, label, weight, pair, pair_hold)
+        self.pair[0][d_rows], self.pair[1][d_rows] = saved
+        kept[0] += 1
+        return z
+    return learn_allow_only
+
+
 def call_ngrams(ids, segs, n_max: int, buckets: int) -> int:
     """How many n-gram features the call (segment 0) has: `wide.wide_features` lists them
     right after the bias, before the history's."""
@@ -386,7 +472,8 @@ def main() -> None:
     ap.add_argument("rest", nargs=argparse.REMAINDER,
                     help="-- then bench_wide_features.py's arguments")
     a = ap.parse_args()
-    held, views = [0], [0]
+    held, views, dest_steps, kept = [0], [0], [0], [0]
+    dest_rows: set[int] = set()
     for exp in a.experiment:
         if exp.startswith("destination"):  # destination[:SCALE][:egress][:outside]
             opts = exp.split(":")[1:]
@@ -425,6 +512,15 @@ def main() -> None:
         elif exp.startswith("ema="):
             WideAdaGrad.learn, WideAdaGrad.gradient = with_ema(
                 WideAdaGrad.learn, WideAdaGrad.gradient, float(exp.split("=", 1)[1]))
+        elif exp.startswith("dest-allow-only"):  # dest-allow-only[:looks][:zero]
+            table: list = [] if ":zero" in exp else None
+            _, tokenizer.pair_features = with_dest_unheld(
+                WideAdaGrad.learn, tokenizer.pair_features, dest_rows, dest_steps, table)
+            WideAdaGrad.learn = with_dest_allow_only(WideAdaGrad.learn, dest_rows, kept,
+                                                     ":looks" in exp, table)
+        elif exp == "dest-unheld":
+            WideAdaGrad.learn, tokenizer.pair_features = with_dest_unheld(
+                WideAdaGrad.learn, tokenizer.pair_features, dest_rows, dest_steps)
         elif exp.startswith("pair-lr="):  # pair-lr=LR:N
             early, until = exp.split("=", 1)[1].split(":")
             WideAdaGrad.learn = with_pair_lr(WideAdaGrad.learn, float(early), int(until))
@@ -446,6 +542,10 @@ def main() -> None:
         print(f"first-look allows held from the linear weights: {held[0]}")
     if views[0]:
         print(f"shared-view steps: {views[0]}")
+    if dest_steps[0]:
+        print(f"held allows that stepped their destination's row: {dest_steps[0]}")
+    if kept[0]:
+        print(f"blocks that left their destination's row as it was: {kept[0]}")
 
 
 if __name__ == "__main__":

@@ -98,6 +98,7 @@ from anchor import HashedNgramLR, anchor_text, label_weight  # noqa: E402
 
 from gated.config import TrainConfig  # noqa: E402
 from gated.engine.config import ModelConfig  # noqa: E402
+from gated.engine.known_names import sensitive_file  # noqa: E402
 from gated.engine.model import Model  # noqa: E402
 from gated.engine.tokenizer import source_batch  # noqa: E402
 from gated.engine.wide import PAIR_KEYS  # noqa: E402
@@ -106,13 +107,28 @@ from gated.online.drift import PageHinkley  # noqa: E402
 from gated.online.monitor import MonitorSettings  # noqa: E402
 from gated.online.second_look import SecondLook  # noqa: E402
 from gated.signals import context_fingerprint  # noqa: E402
-from gated.traffic import GatewayTraffic  # noqa: E402
+from gated.traffic import GatewayTraffic, _external, _host, parse_call  # noqa: E402
 
 CHECK = 500
 #: (words, cross, l2): before (n-grams only, l2 1e-5), each change alone, and together
 DEFAULT_GRID = ["0,0,1e-5", "0,0,1e-3", "0.3,0,1e-5", "0.3,0,1e-3", "0,0.3,1e-3",
                 "0.3,0.3,1e-5", "0.3,0.3,1e-3", "0.5,0.3,1e-3", "0.3,0.5,1e-3",
                 "0.3,0.3,3e-3"]
+
+
+def org_upload_after_sensitive_read(context: str, history: list[str] | None) -> bool:
+    """An upload to the org's own hosts (an HTTP POST / PUT, or mail to an org address)
+    after the session read a file that holds credentials by convention: allowed by the
+    stream's policy (the history rule is about data sent OUTSIDE), and the kind of call
+    the pair term's history rule is most often wrong about (docs/learning.md, "Org uploads
+    after a secret read"). Counted so an experiment shows what it does to them."""
+    if not any(sensitive_file(parse_call(h)[1].get("path", "")) for h in history or []
+               if h.startswith("fs.read ")):
+        return False
+    tool, args = parse_call(context)
+    if tool == "http.request":
+        return args.get("method") in ("POST", "PUT") and not _external(_host(args["url"]))
+    return tool == "email.send" and not _external(args.get("to", "").rpartition("@")[2])
 
 
 def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: int,
@@ -179,6 +195,7 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
     anchor = HashedNgramLR()
     stream, probe_src = GatewayTraffic(seed=seed), GatewayTraffic(seed=seed)
     right_w, right_a, at, pending, drifts = [], [], {}, [], []
+    org_uploads: list[tuple[bool, bool]] = []  # (gated right, anchor right)
     switch_ord = n
     look: SecondLook[tuple] = SecondLook(second_look)
     detector = PageHinkley(MonitorSettings.drift_delta, MonitorSettings.drift_threshold,
@@ -212,6 +229,8 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
             z = z_of_one(f)
             right_w.append((z >= 0) == ev.true_allow)
             right_a.append((anchor.predict_proba(text) >= 0.5) == ev.true_allow)
+            if ev.true_allow and org_upload_after_sensitive_read(s["context"], s.get("history")):
+                org_uploads.append((right_w[-1], right_a[-1]))
             if detector is not None:
                 observed.append(i)
                 start = detector.update(float((z >= 0) != (y >= 0.5)))
@@ -252,7 +271,9 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
             "behind": [(CHECK * (j + 1), g[j], a[j]) for j in np.flatnonzero(g <= a)],
             "curve": curve, "marks": marks, "drifts": drifts,
             "adapt": tuple(int(np.sum(~np.array(r[switch_ord:switch_ord + 250], bool)))
-                           for r in (right_w, right_a))}
+                           for r in (right_w, right_a)),
+            "org_uploads": (len(org_uploads), sum(not g for g, _ in org_uploads),
+                            sum(not a for _, a in org_uploads))}
 
 
 def main() -> None:
@@ -353,7 +374,9 @@ def main() -> None:
                           f"{i:,} ({b:,})" for i, b in r["drifts"]) or "none")
                          if a.drift_relax >= 0 else "")
                       + "; errors in the first 250 after the change: {} / {} (anchor)".format(
-                          *r["adapt"]), flush=True)
+                          *r["adapt"])
+                      + "; org uploads after a credential-file read (TRUE allow), wrong: "
+                        "{1} / {2} (anchor) of {0}".format(*r["org_uploads"]), flush=True)
 
 
 if __name__ == "__main__":
