@@ -97,13 +97,15 @@ only on uploads" (not kept); ``dest-unheld``, ``dest-allow-only`` and ``dest-cro
     --experiment dest-unheld   the pair hold (`train.wide_pair_hold`) spares the pair
                                term's destination row: a held first-look "allow" also
                                steps the call side's ``p|dest|<domain>`` row at once
-    --experiment dest-allow-only[:looks][:zero]
+    --experiment dest-allow-only[:looks][:zero][:warm=N]
                                the destination rows never step on a "block" label (put
                                back after the step), so a row can only learn "not the
                                history rule, here" and can be louder (grid field 21);
                                ``:looks``: a correction's or a second look's "block"
                                steps them as usual; ``:zero``: a destination's row is
-                               zeroed when the features first name it (no initial factor)
+                               zeroed when the features first name it (no initial factor);
+                               ``:warm=N``: the rows do not step at all for the first N
+                               signals' first looks
 
     .venv/bin/python bench/bench_wide_experiments.py --experiment destination -- \\
         --seeds 0 1 2 3 4 5 --signals 10000 --switch-at 4000 --every 500 --init-seed -1 \\
@@ -277,7 +279,7 @@ def with_dest_unheld(learn, pair_features, rows_seen: set, steps: list[int],
             row = wide._bucket(f"p|dest|{dest}", buckets)
             if zero_table and row not in rows_seen:
                 zero_table[0][row] = 0.0  # before the row's first use: it starts silent
-            rows_seen.add(row)
+            rows_seen.add(row)  # the same rows for every seed: the hash is the name's
         return out
 
     def learn_dest(self, idx, val, z_rest, label, weight, pair=None, pair_hold=0.0):
@@ -297,7 +299,7 @@ def with_dest_unheld(learn, pair_features, rows_seen: set, steps: list[int],
 
 
 def with_dest_allow_only(learn, rows_seen: set, kept: list[int], looks: bool = False,
-                         zero_table: list | None = None):
+                         zero_table: list | None = None, warm_up: int = 0):
     """`WideAdaGrad.learn` under which the destination key's rows (`rows_seen`, recorded
     by `with_dest_unheld`'s features) never step on a "block" label: their weights and
     sums are put back after the step. Why: the key is there to silence the history rule
@@ -308,12 +310,22 @@ def with_dest_allow_only(learn, rows_seen: set, kept: list[int], looks: bool = F
     learn "not the rule, here", and can be louder. `looks`: a "block" that is a correction
     (weight > 1) or a second look (the harness passes no hold then) steps the rows as
     usual, so what a wrong "allow" of the gate taught a destination is taken back."""
+    firsts, tables = [0], []
+
     def learn_allow_only(self, idx, val, z_rest, label, weight, pair=None, pair_hold=0.0):
-        if zero_table is not None and not zero_table and self.pair is not None:
-            zero_table.append(self.pair[0])
-        if looks and (weight > 1.0 or pair_hold <= 0):
+        if self.pair is not None and (not tables or tables[0] is not self.pair[0]):
+            # a new learner (the harness runs its seeds one after another in one process)
+            tables[:] = [self.pair[0]]
+            firsts[0] = 0
+            if zero_table is not None:
+                zero_table[:] = [self.pair[0]]
+                known = np.fromiter(rows_seen, np.int64, len(rows_seen))
+                self.pair[0][known] = 0.0  # the rows named before this learner's first step
+        firsts[0] += pair_hold > 0  # the harness marks first looks by their hold
+        frozen = firsts[0] <= warm_up
+        if looks and (weight > 1.0 or pair_hold <= 0) and not frozen:
             return learn(self, idx, val, z_rest, label, weight, pair, pair_hold)
-        if pair is None or label >= 0.5 or self.pair is None or not rows_seen:
+        if pair is None or (label >= 0.5 and not frozen) or self.pair is None or not rows_seen:
             return learn(self, idx, val, z_rest, label, weight, pair, pair_hold)
         c = np.asarray(pair[0])[np.asarray(pair[1]) != 0]
         rows = c[np.isin(c, np.fromiter(rows_seen, np.int64, len(rows_seen)))]
@@ -512,12 +524,13 @@ def main() -> None:
         elif exp.startswith("ema="):
             WideAdaGrad.learn, WideAdaGrad.gradient = with_ema(
                 WideAdaGrad.learn, WideAdaGrad.gradient, float(exp.split("=", 1)[1]))
-        elif exp.startswith("dest-allow-only"):  # dest-allow-only[:looks][:zero]
+        elif exp.startswith("dest-allow-only"):  # dest-allow-only[:looks][:zero][:warm=N]
             table: list = [] if ":zero" in exp else None
+            warm = next((int(o[5:]) for o in exp.split(":") if o.startswith("warm=")), 0)
             _, tokenizer.pair_features = with_dest_unheld(
                 WideAdaGrad.learn, tokenizer.pair_features, dest_rows, dest_steps, table)
             WideAdaGrad.learn = with_dest_allow_only(WideAdaGrad.learn, dest_rows, kept,
-                                                     ":looks" in exp, table)
+                                                     ":looks" in exp, table, warm)
         elif exp == "dest-unheld":
             WideAdaGrad.learn, tokenizer.pair_features = with_dest_unheld(
                 WideAdaGrad.learn, tokenizer.pair_features, dest_rows, dest_steps)
