@@ -107,7 +107,7 @@ from gated.online.drift import PageHinkley  # noqa: E402
 from gated.online.monitor import MonitorSettings  # noqa: E402
 from gated.online.second_look import SecondLook  # noqa: E402
 from gated.signals import context_fingerprint  # noqa: E402
-from gated.traffic import GatewayTraffic, _external, _host, parse_call  # noqa: E402
+from gated.traffic import GatewayTraffic, destination_class, parse_call  # noqa: E402
 
 CHECK = 500
 #: (words, cross, l2): before (n-grams only, l2 1e-5), each change alone, and together
@@ -126,9 +126,9 @@ def org_upload_after_sensitive_read(context: str, history: list[str] | None) -> 
                if h.startswith("fs.read ")):
         return False
     tool, args = parse_call(context)
-    if tool == "http.request":
-        return args.get("method") in ("POST", "PUT") and not _external(_host(args["url"]))
-    return tool == "email.send" and not _external(args.get("to", "").rpartition("@")[2])
+    upload = tool == "email.send" or (tool == "http.request"
+                                      and args.get("method") in ("POST", "PUT"))
+    return upload and destination_class(tool, args) == "org"
 
 
 def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: int,

@@ -234,6 +234,23 @@ def _external(host: str) -> bool:
                 or name in ("localhost", "127.0.0.1"))
 
 
+def destination_class(tool: str, args: dict) -> str:
+    """Where a call reaches, as the policy sees it: ``"org"`` (the org's own hosts and
+    mail, localhost, the metadata services: not outbound), ``"allow-listed"`` (an outside
+    host `V2_ALLOWLIST` names), ``"outside"`` (any other host or mail domain), or ``""``
+    for a call that names no destination. For reading benchmark results by destination
+    (bench/trace_groups.py, bench/bench_wide_features.py); `classify` decides alone."""
+    if isinstance(args.get("url"), str):
+        host = _host(args["url"])
+    elif tool == "email.send" and isinstance(args.get("to"), str):
+        host = args["to"].rpartition("@")[2]
+    else:
+        return ""
+    if not _external(host):
+        return "org"
+    return "allow-listed" if v2_domain(host.split(":")[0]) else "outside"
+
+
 def _inside(path: str, ws: str) -> bool:
     home = posixpath.dirname(posixpath.dirname(ws))
     if path == "~" or path.startswith("~/"):

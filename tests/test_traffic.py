@@ -28,12 +28,15 @@ from gated.traffic import (
     _Values,
     call,
     classify,
+    destination_class,
+    parse_call,
     true_allow,
     v2_domain,
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 from anchor import HashedNgramLR, anchor_text, label_weight, ngram_buckets  # noqa: E402
+from trace_groups import disagreements  # noqa: E402
 
 N = 5000
 WS = "/home/alice/src/billing-api"
@@ -320,3 +323,34 @@ def test_anchor_learns_the_policy_from_noisy_labels():
     majority = sum(allow[-1000:]) / 1000  # what "always allow" would score
     assert last >= 0.85 and last >= majority + 0.06, (last, majority)
     assert sum(hits[:300]) / 300 < last  # it got better, not merely started well
+
+
+@pytest.mark.parametrize(("context", "want"), [
+    (call("http.request", method="POST", url=f"https://wiki.{ORG_DOMAIN}/issues/1"), "org"),
+    (call("email.send", to=f"frank@{ORG_DOMAIN}", subject="x"), "org"),
+    (call("http.request", method="GET", url="http://localhost:8080/health"), "org"),
+    (call("browser.open", url="https://docs.github.com/en"), "allow-listed"),
+    (call("http.request", method="PUT", url="https://api.twilio.com:443/v1/x"), "outside"),
+    (call("email.send", to="carol@gmail.com", subject="x"), "outside"),
+    (call("fs.read", path=f"{WS}/.env"), ""),
+])
+def test_destination_class(context: str, want: str):
+    assert destination_class(*parse_call(context)) == want
+
+
+def test_trace_groups_count_each_learner_alone():
+    """bench/trace_groups.py: a signal both learners get wrong (or right) counts for
+    neither; the policy is read from the signal's seq."""
+    upload = call("http.request", method="POST", url=f"https://ci.{ORG_DOMAIN}/v1/x")
+    secret = [call("fs.read", path=f"{WS}/.env")]
+    rows = [  # seq, gated's p, the anchor's p, TRUE allow
+        {"seq": 10, "p": 0.2, "anchor_p": 0.9, "true_allow": True},   # only gated wrong
+        {"seq": 11, "p": 0.2, "anchor_p": 0.3, "true_allow": True},   # both wrong
+        {"seq": 12, "p": 0.8, "anchor_p": 0.3, "true_allow": True},   # only the anchor
+        {"seq": 99, "p": 0.2, "anchor_p": 0.9, "true_allow": True},   # v2
+    ]
+    rows = [dict(r, context=upload, history=secret, category="allow") for r in rows]
+    seen, gated_only, anchor_only = disagreements(rows, switch_at=50)
+    v1 = ("v1", "allow", "http.request POST", "org", "after a credential read")
+    assert (seen[v1], gated_only[v1], anchor_only[v1]) == (3, 1, 1)
+    assert (seen[("v2", *v1[1:])], gated_only[("v2", *v1[1:])]) == (1, 1)
