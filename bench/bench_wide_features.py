@@ -95,10 +95,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from anchor import HashedNgramLR, anchor_text, label_weight  # noqa: E402
+from trace_groups import after_credential_read  # noqa: E402
 
 from gated.config import TrainConfig  # noqa: E402
 from gated.engine.config import ModelConfig  # noqa: E402
-from gated.engine.known_names import sensitive_file  # noqa: E402
 from gated.engine.model import Model  # noqa: E402
 from gated.engine.tokenizer import source_batch  # noqa: E402
 from gated.engine.wide import PAIR_KEYS  # noqa: E402
@@ -122,8 +122,7 @@ def org_upload_after_sensitive_read(context: str, history: list[str] | None) -> 
     stream's policy (the history rule is about data sent OUTSIDE), and the kind of call
     the pair term's history rule is most often wrong about (docs/learning.md, "Org uploads
     after a secret read"). Counted so an experiment shows what it does to them."""
-    if not any(sensitive_file(parse_call(h)[1].get("path", "")) for h in history or []
-               if h.startswith("fs.read ")):
+    if not after_credential_read(history):
         return False
     tool, args = parse_call(context)
     upload = tool == "email.send" or (tool == "http.request"

@@ -37,15 +37,21 @@ from gated.traffic import destination_class, parse_call  # noqa: E402
 Group = tuple[str, str, str, str, str]
 
 
+def after_credential_read(history: list[str] | None) -> bool:
+    """Whether the session had read a file that holds credentials by convention
+    (engine/known_names.py `sensitive_file`): what the pair term's history side marks."""
+    return any(sensitive_file(parse_call(h)[1].get("path", ""))
+               for h in history or [] if h.startswith("fs.read "))
+
+
 def group_of(row: dict, switch_at: int) -> Group:
     """The group of one traced signal (see the module's docstring)."""
     tool, args = parse_call(row["context"])
     method = args.get("method")
     site = f"{tool} {method}" if isinstance(method, str) else tool
-    read = any(sensitive_file(parse_call(h)[1].get("path", ""))
-               for h in row.get("history") or [] if h.startswith("fs.read "))
     return ("v1" if row["seq"] < switch_at else "v2", row["category"], site,
-            destination_class(tool, args) or "-", "after a credential read" if read else "-")
+            destination_class(tool, args) or "-",
+            "after a credential read" if after_credential_read(row.get("history")) else "-")
 
 
 def disagreements(rows: Iterable[dict], switch_at: int) -> tuple[Counter, Counter, Counter]:
