@@ -255,20 +255,11 @@ def with_allow_hold(learn, threshold: float, held: list[int]):
     return hold_or_learn
 
 
-def with_dest_unheld(learn, pair_features, rows_seen: set, steps: list[int],
-                     zero_table: list | None = None):
-    """`WideAdaGrad.learn` whose pair hold spares the destination key's row: a first-look
-    "allow" the pair term contradicts still steps the linear weights only, and now also
-    the call side's ``p|dest|<domain>`` row (`pair_features` wrapped to record which rows
-    those are). Why: an upload to the org's own host after a secret read is allowed, the
-    pair term says "block" by more than the hold, and only the destination's own factor
-    can say "not this rule, here" without touching what the term learned about secrets
-    and uploads; held, it learns that only at second looks (org uploads after a
-    secret-like read: gated wrong on ~40% of them in the first 7,000 signals of the
-    daemon's traces, the anchor on ~2%). `zero_table` (a list that will hold the call side's
-    table): a destination's row is zeroed when the features first name it."""
-    zero_table = [] if zero_table is None else zero_table
-
+def with_destination_rows(pair_features, rows_seen: set, zero_table: list | None = None):
+    """`pair_features` that records in `rows_seen` the call-side row of every destination
+    key it emits (``p|dest|<domain>`` on a call that can carry data out: the engine's own
+    rule, re-hashed here, since the features do not mark which row is the destination's);
+    with `zero_table` holding the call side's table, a row is zeroed when first named."""
     def features(context, history, buckets, sensitive_scale=0.0, egress_scale=0.0,
                  destination_scale=0.0):
         out = pair_features(context, history, buckets, sensitive_scale, egress_scale,
@@ -281,7 +272,24 @@ def with_dest_unheld(learn, pair_features, rows_seen: set, steps: list[int],
                 zero_table[0][row] = 0.0  # before the row's first use: it starts silent
             rows_seen.add(row)  # the same rows for every seed: the hash is the name's
         return out
+    return features
 
+
+def _rows_in(rows: np.ndarray, rows_seen: set) -> np.ndarray:
+    """Which of `rows` are destination rows (a boolean mask)."""
+    return np.isin(rows, np.fromiter(rows_seen, np.int64, len(rows_seen)))
+
+
+def with_dest_unheld(learn, rows_seen: set, steps: list[int]):
+    """`WideAdaGrad.learn` whose pair hold spares the destination key's row (`rows_seen`,
+    recorded by `with_destination_rows`): a first-look "allow" the pair term contradicts
+    still steps the linear weights only, and now also the call side's ``p|dest|<domain>``
+    row. Why: an upload to the org's own host after a secret read is allowed, the pair
+    term says "block" by more than the hold, and only the destination's own factor can
+    say "not this rule, here" without touching what the term learned about secrets and
+    uploads; held, it learns that only at second looks (org uploads after a secret-like
+    read: gated wrong on ~40% of them in the first 7,000 signals of the daemon's traces,
+    the anchor on ~2%)."""
     def learn_dest(self, idx, val, z_rest, label, weight, pair=None, pair_hold=0.0):
         if pair is None or pair_hold <= 0 or label < 0.5 or self.pair is None:
             return learn(self, idx, val, z_rest, label, weight, pair, pair_hold)
@@ -289,19 +297,19 @@ def with_dest_unheld(learn, pair_features, rows_seen: set, steps: list[int],
         z = learn(self, idx, val, z_rest, label, weight, pair, pair_hold)
         if st["z_pair"] < -pair_hold and st["pair"]:
             rows, g, now = st["pair"][0]
-            keep = np.isin(rows, np.fromiter(rows_seen, np.int64, len(rows_seen)))
+            keep = _rows_in(rows, rows_seen)
             if keep.any():
                 steps[0] += 1
                 self._step(self.pair[0], self.pair[1], self.xp.asarray(rows[keep]),
                            now[keep], g[keep], self.pair_lr)
         return z
-    return learn_dest, features
+    return learn_dest
 
 
 def with_dest_allow_only(learn, rows_seen: set, kept: list[int], looks: bool = False,
                          zero_table: list | None = None, warm_up: int = 0):
     """`WideAdaGrad.learn` under which the destination key's rows (`rows_seen`, recorded
-    by `with_dest_unheld`'s features) never step on a "block" label: their weights and
+    by `with_destination_rows`) never step on a "block" label: their weights and
     sums are put back after the step. Why: the key is there to silence the history rule
     for the org's own hosts; stepped on blocks too, an outside host's row takes a share
     of every exfiltration to it, so the rule is learned per destination and an unseen
@@ -328,7 +336,7 @@ def with_dest_allow_only(learn, rows_seen: set, kept: list[int], looks: bool = F
         if pair is None or (label >= 0.5 and not frozen) or self.pair is None or not rows_seen:
             return learn(self, idx, val, z_rest, label, weight, pair, pair_hold)
         c = np.asarray(pair[0])[np.asarray(pair[1]) != 0]
-        rows = c[np.isin(c, np.fromiter(rows_seen, np.int64, len(rows_seen)))]
+        rows = c[_rows_in(c, rows_seen)]
         if not len(rows):
             return learn(self, idx, val, z_rest, label, weight, pair, pair_hold)
         d_rows = self.xp.asarray(rows)
@@ -527,13 +535,14 @@ def main() -> None:
         elif exp.startswith("dest-allow-only"):  # dest-allow-only[:looks][:zero][:warm=N]
             table: list = [] if ":zero" in exp else None
             warm = next((int(o[5:]) for o in exp.split(":") if o.startswith("warm=")), 0)
-            _, tokenizer.pair_features = with_dest_unheld(
-                WideAdaGrad.learn, tokenizer.pair_features, dest_rows, dest_steps, table)
+            tokenizer.pair_features = with_destination_rows(tokenizer.pair_features,
+                                                            dest_rows, table)
             WideAdaGrad.learn = with_dest_allow_only(WideAdaGrad.learn, dest_rows, kept,
                                                      ":looks" in exp, table, warm)
         elif exp == "dest-unheld":
-            WideAdaGrad.learn, tokenizer.pair_features = with_dest_unheld(
-                WideAdaGrad.learn, tokenizer.pair_features, dest_rows, dest_steps)
+            tokenizer.pair_features = with_destination_rows(tokenizer.pair_features,
+                                                            dest_rows)
+            WideAdaGrad.learn = with_dest_unheld(WideAdaGrad.learn, dest_rows, dest_steps)
         elif exp.startswith("pair-lr="):  # pair-lr=LR:N
             early, until = exp.split("=", 1)[1].split(":")
             WideAdaGrad.learn = with_pair_lr(WideAdaGrad.learn, float(early), int(until))
@@ -542,7 +551,8 @@ def main() -> None:
                      "pair-egress=S, "
                      "domain-key=S[:tool][:only], relax-part=R:PART, "
                      "allow-hold=H, shared-view=P[:words][:history], adagrad-init=G0[:pair], "
-                     "ngram-scale=S, ema=D or pair-lr=LR:N")
+                     "ngram-scale=S, ema=D, pair-lr=LR:N, dest-unheld or "
+                     "dest-allow-only[:looks][:zero][:warm=N]")
     rest = a.rest[1:] if a.rest[:1] == ["--"] else a.rest
     pair_hold = float(rest[rest.index("--pair-hold") + 1]) if "--pair-hold" in rest else 0.0
     if any(e.startswith(("allow-hold=", "pair-lr=")) for e in a.experiment) and pair_hold <= 0:
