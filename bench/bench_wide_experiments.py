@@ -97,7 +97,7 @@ only on uploads" (not kept); ``dest-unheld``, ``dest-allow-only`` and ``dest-cro
     --experiment dest-unheld   the pair hold (`train.wide_pair_hold`) spares the pair
                                term's destination row: a held first-look "allow" also
                                steps the call side's ``p|dest|<domain>`` row at once
-    --experiment dest-allow-only[:looks][:zero][:warm=N]
+    --experiment dest-allow-only[:looks][:zero][:warm=N][:org]
                                the destination rows never step on a "block" label (put
                                back after the step), so a row can only learn "not the
                                history rule, here" and can be louder (grid field 21);
@@ -105,7 +105,9 @@ only on uploads" (not kept); ``dest-unheld``, ``dest-allow-only`` and ``dest-cro
                                steps them as usual; ``:zero``: a destination's row is
                                zeroed when the features first name it (no initial factor);
                                ``:warm=N``: the rows do not step at all for the first N
-                               signals' first looks
+                               signals' first looks; ``:org`` (an oracle, to measure
+                               what outside hosts' rows cost): only the org's own
+                               destinations' rows step, the others never
 
     .venv/bin/python bench/bench_wide_experiments.py --experiment destination -- \\
         --seeds 0 1 2 3 4 5 --signals 10000 --switch-at 4000 --every 500 --init-seed -1 \\
@@ -128,6 +130,7 @@ import bench_wide_features  # noqa: E402
 from gated.engine import tokenizer, wide  # noqa: E402
 from gated.engine.known_names import egress_call, sensitive_file  # noqa: E402
 from gated.engine.wide_learner import WideAdaGrad  # noqa: E402
+from gated.traffic import destination_class  # noqa: E402
 
 
 def destination(context: str) -> str | None:
@@ -255,11 +258,15 @@ def with_allow_hold(learn, threshold: float, held: list[int]):
     return hold_or_learn
 
 
-def with_destination_rows(pair_features, rows_seen: set, zero_table: list | None = None):
+def with_destination_rows(pair_features, rows_seen: set, zero_table: list | None = None,
+                          outside_rows: set | None = None):
     """`pair_features` that records in `rows_seen` the call-side row of every destination
     key it emits (``p|dest|<domain>`` on a call that can carry data out: the engine's own
     rule, re-hashed here, since the features do not mark which row is the destination's);
-    with `zero_table` holding the call side's table, a row is zeroed when first named."""
+    with `zero_table` holding the call side's table, a row is zeroed when first named.
+    With `outside_rows` (an oracle, for measuring only: the stream's own
+    `traffic.destination_class`), the rows of destinations that are not the org's go there
+    instead of `rows_seen`."""
     def features(context, history, buckets, sensitive_scale=0.0, egress_scale=0.0,
                  destination_scale=0.0):
         out = pair_features(context, history, buckets, sensitive_scale, egress_scale,
@@ -268,9 +275,12 @@ def with_destination_rows(pair_features, rows_seen: set, zero_table: list | None
         dest = wide.call_destination(args) if destination_scale > 0 else None
         if dest is not None and egress_call(tool, args):
             row = wide._bucket(f"p|dest|{dest}", buckets)
-            if zero_table and row not in rows_seen:
+            into = rows_seen
+            if outside_rows is not None and destination_class(tool, args) != "org":
+                into = outside_rows
+            if zero_table and row not in into:
                 zero_table[0][row] = 0.0  # before the row's first use: it starts silent
-            rows_seen.add(row)  # the same rows for every seed: the hash is the name's
+            into.add(row)  # the same rows for every seed: the hash is the name's
         return out
     return features
 
@@ -307,7 +317,8 @@ def with_dest_unheld(learn, rows_seen: set, steps: list[int]):
 
 
 def with_dest_allow_only(learn, rows_seen: set, kept: list[int], looks: bool = False,
-                         zero_table: list | None = None, warm_up: int = 0):
+                         zero_table: list | None = None, warm_up: int = 0,
+                         outside_rows: set | None = None):
     """`WideAdaGrad.learn` under which the destination key's rows (`rows_seen`, recorded
     by `with_destination_rows`) never step on a "block" label: their weights and
     sums are put back after the step. Why: the key is there to silence the history rule
@@ -317,8 +328,10 @@ def with_dest_allow_only(learn, rows_seen: set, kept: list[int], looks: bool = F
     docs/learning.md, "A destination on the pair term"); allowed-only, a row can only
     learn "not the rule, here", and can be louder. `looks`: a "block" that is a correction
     (weight > 1) or a second look (the harness passes no hold then) steps the rows as
-    usual, so what a wrong "allow" of the gate taught a destination is taken back."""
+    usual, so what a wrong "allow" of the gate taught a destination is taken back.
+    `outside_rows` (the ``:org`` oracle, `with_destination_rows`): rows that never step."""
     firsts, tables = [0], []
+    learn = with_rows_still(learn, outside_rows) if outside_rows is not None else learn
 
     def learn_allow_only(self, idx, val, z_rest, label, weight, pair=None, pair_hold=0.0):
         if self.pair is not None and (not tables or tables[0] is not self.pair[0]):
@@ -327,7 +340,8 @@ def with_dest_allow_only(learn, rows_seen: set, kept: list[int], looks: bool = F
             firsts[0] = 0
             if zero_table is not None:
                 zero_table[:] = [self.pair[0]]
-                known = np.fromiter(rows_seen, np.int64, len(rows_seen))
+                named = rows_seen | (outside_rows or set())
+                known = np.fromiter(named, np.int64, len(named))
                 self.pair[0][known] = 0.0  # the rows named before this learner's first step
         firsts[0] += pair_hold > 0  # the harness marks first looks by their hold
         frozen = firsts[0] <= warm_up
@@ -346,6 +360,20 @@ def with_dest_allow_only(learn, rows_seen: set, kept: list[int], looks: bool = F
         kept[0] += 1
         return z
     return learn_allow_only
+
+
+def with_rows_still(learn, still: set):
+    """`WideAdaGrad.learn` that leaves the call side's rows in `still` as they were."""
+    def learn_still(self, idx, val, z_rest, label, weight, pair=None, pair_hold=0.0):
+        if pair is None or self.pair is None or not still:
+            return learn(self, idx, val, z_rest, label, weight, pair, pair_hold)
+        c = np.asarray(pair[0])[np.asarray(pair[1]) != 0]
+        rows = self.xp.asarray(c[_rows_in(c, still)])
+        saved = self.pair[0][rows].copy(), self.pair[1][rows].copy()
+        z = learn(self, idx, val, z_rest, label, weight, pair, pair_hold)
+        self.pair[0][rows], self.pair[1][rows] = saved
+        return z
+    return learn_still
 
 
 def call_ngrams(ids, segs, n_max: int, buckets: int) -> int:
@@ -532,13 +560,14 @@ def main() -> None:
         elif exp.startswith("ema="):
             WideAdaGrad.learn, WideAdaGrad.gradient = with_ema(
                 WideAdaGrad.learn, WideAdaGrad.gradient, float(exp.split("=", 1)[1]))
-        elif exp.startswith("dest-allow-only"):  # dest-allow-only[:looks][:zero][:warm=N]
+        elif exp.startswith("dest-allow-only"):  # dest-allow-only[:looks][:zero][:warm=N][:org]
             table: list = [] if ":zero" in exp else None
             warm = next((int(o[5:]) for o in exp.split(":") if o.startswith("warm=")), 0)
+            outside: set[int] | None = set() if ":org" in exp else None
             tokenizer.pair_features = with_destination_rows(tokenizer.pair_features,
-                                                            dest_rows, table)
+                                                            dest_rows, table, outside)
             WideAdaGrad.learn = with_dest_allow_only(WideAdaGrad.learn, dest_rows, kept,
-                                                     ":looks" in exp, table, warm)
+                                                     ":looks" in exp, table, warm, outside)
         elif exp == "dest-unheld":
             tokenizer.pair_features = with_destination_rows(tokenizer.pair_features,
                                                             dest_rows)
@@ -552,7 +581,7 @@ def main() -> None:
                      "domain-key=S[:tool][:only], relax-part=R:PART, "
                      "allow-hold=H, shared-view=P[:words][:history], adagrad-init=G0[:pair], "
                      "ngram-scale=S, ema=D, pair-lr=LR:N, dest-unheld or "
-                     "dest-allow-only[:looks][:zero][:warm=N]")
+                     "dest-allow-only[:looks][:zero][:warm=N][:org]")
     rest = a.rest[1:] if a.rest[:1] == ["--"] else a.rest
     pair_hold = float(rest[rest.index("--pair-hold") + 1]) if "--pair-hold" in rest else 0.0
     if any(e.startswith(("allow-hold=", "pair-lr=")) for e in a.experiment) and pair_hold <= 0:

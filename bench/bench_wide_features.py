@@ -275,6 +275,14 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
                             sum(not a for _, a in org_uploads))}
 
 
+def members_apart(probe: str, at: dict) -> str:
+    """For the history rule, its two members apart (the block members' share blocked, the
+    allow twins' share allowed): which one a checkpoint below 0.90 lost."""
+    if probe != "history":
+        return ""
+    return f" (members {at['history_block']:.2f}, twins {at['history_allow']:.2f})"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--grid", nargs="+", default=DEFAULT_GRID,
@@ -362,8 +370,8 @@ def main() -> None:
                   flush=True)
             if a.every:  # where each probe is below 0.90: the checkpoints behind its count
                 print("  below 0.90 at: " + "; ".join(
-                    f"{name} " + (", ".join(f"{m:,} {v:.2f}" for m, v in zip(r["marks"], c,
-                                                                         strict=True)
+                    f"{name} " + (", ".join(f"{m:,} {v:.2f}{members_apart(name, r['at'][m])}"
+                                            for m, v in zip(r["marks"], c, strict=True)
                                             if v < 0.9) or "none")
                     for name, c in zip(("unseen", "block recall", "history"),
                                        r["curve"].values(), strict=True))
