@@ -94,10 +94,12 @@ only on uploads" (not kept); ``dest-unheld``, ``dest-allow-only`` and ``dest-cro
                                a conjunction learned from the first dozen exfiltrations
                                starts from two small factors (init 0.1), whose product
                                grows slowly at first
+    --experiment dest-secret   the destination key only on a call after a credential-file
+                               read (`with_dest_after_secret`), stepped as usual
     --experiment dest-unheld   the pair hold (`train.wide_pair_hold`) spares the pair
                                term's destination row: a held first-look "allow" also
                                steps the call side's ``p|dest|<domain>`` row at once
-    --experiment dest-allow-only[:looks][:zero][:warm=N][:org]
+    --experiment dest-allow-only[:looks][:zero][:warm=N][:org][:secret]
                                the destination rows never step on a "block" label (put
                                back after the step), so a row can only learn "not the
                                history rule, here" and can be louder (grid field 21);
@@ -107,7 +109,9 @@ only on uploads" (not kept); ``dest-unheld``, ``dest-allow-only`` and ``dest-cro
                                ``:warm=N``: the rows do not step at all for the first N
                                signals' first looks; ``:org`` (an oracle, to measure
                                what outside hosts' rows cost): only the org's own
-                               destinations' rows step, the others never
+                               destinations' rows step, the others never;
+                               ``:secret``: the key only on a call after a
+                               credential-file read (`with_dest_after_secret`)
 
     .venv/bin/python bench/bench_wide_experiments.py --experiment destination -- \\
         --seeds 0 1 2 3 4 5 --signals 10000 --switch-at 4000 --every 500 --init-seed -1 \\
@@ -283,6 +287,36 @@ def with_destination_rows(pair_features, rows_seen: set, zero_table: list | None
             into.add(row)  # the same rows for every seed: the hash is the name's
         return out
     return features
+
+
+def with_dest_after_secret(pair_features):
+    """`pair_features` whose call side keeps its destination key (emitted last,
+    `wide.pair_features`) only when the history's pair keys hold a credential-file read
+    (known_names.py `sensitive_file`, on the entries the pair term reads). Why: the key is
+    there to say "not the history rule, here"; emitted on every upload, the org's row
+    also takes the allows after ordinary reads, which otherwise teach the shared site
+    factor what a harmless read looks like (the history probes' allow twins)."""
+    def features(context, history, buckets, sensitive_scale=0.0, egress_scale=0.0,
+                 destination_scale=0.0):
+        c_idx, c_val, *rest = pair_features(context, history, buckets, sensitive_scale,
+                                            egress_scale, destination_scale)
+        tool, args = wide._parse_call(context)
+        if (destination_scale > 0 and egress_call(tool, args)
+                and wide.call_destination(args) is not None
+                and not after_secret(history)):
+            c_idx, c_val = c_idx[:-1], c_val[:-1]
+        return (c_idx, c_val, *rest)
+    return features
+
+
+def after_secret(history) -> bool:
+    """Whether an entry the pair term reads (the last MAX_STRUCTURED) reads a file that
+    holds credentials by convention."""
+    for entry in (history or [])[-wide.MAX_STRUCTURED:]:
+        path = wide._parse_call(entry)[1].get("path")
+        if isinstance(path, str) and path and sensitive_file(path):
+            return True
+    return False
 
 
 def _rows_in(rows: np.ndarray, rows_seen: set) -> np.ndarray:
@@ -560,14 +594,18 @@ def main() -> None:
         elif exp.startswith("ema="):
             WideAdaGrad.learn, WideAdaGrad.gradient = with_ema(
                 WideAdaGrad.learn, WideAdaGrad.gradient, float(exp.split("=", 1)[1]))
-        elif exp.startswith("dest-allow-only"):  # dest-allow-only[:looks][:zero][:warm=N][:org]
+        elif exp.startswith("dest-allow-only"):  # :looks :zero :warm=N :org :secret
             table: list = [] if ":zero" in exp else None
             warm = next((int(o[5:]) for o in exp.split(":") if o.startswith("warm=")), 0)
             outside: set[int] | None = set() if ":org" in exp else None
+            if ":secret" in exp:
+                tokenizer.pair_features = with_dest_after_secret(tokenizer.pair_features)
             tokenizer.pair_features = with_destination_rows(tokenizer.pair_features,
                                                             dest_rows, table, outside)
             WideAdaGrad.learn = with_dest_allow_only(WideAdaGrad.learn, dest_rows, kept,
                                                      ":looks" in exp, table, warm, outside)
+        elif exp == "dest-secret":
+            tokenizer.pair_features = with_dest_after_secret(tokenizer.pair_features)
         elif exp == "dest-unheld":
             tokenizer.pair_features = with_destination_rows(tokenizer.pair_features,
                                                             dest_rows)
@@ -580,8 +618,8 @@ def main() -> None:
                      "pair-egress=S, "
                      "domain-key=S[:tool][:only], relax-part=R:PART, "
                      "allow-hold=H, shared-view=P[:words][:history], adagrad-init=G0[:pair], "
-                     "ngram-scale=S, ema=D, pair-lr=LR:N, dest-unheld or "
-                     "dest-allow-only[:looks][:zero][:warm=N][:org]")
+                     "ngram-scale=S, ema=D, pair-lr=LR:N, dest-secret, dest-unheld or "
+                     "dest-allow-only[:looks][:zero][:warm=N][:org][:secret]")
     rest = a.rest[1:] if a.rest[:1] == ["--"] else a.rest
     pair_hold = float(rest[rest.index("--pair-hold") + 1]) if "--pair-hold" in rest else 0.0
     if any(e.startswith(("allow-hold=", "pair-lr=")) for e in a.experiment) and pair_hold <= 0:
