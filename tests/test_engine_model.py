@@ -166,12 +166,18 @@ def test_flat_layout_views_and_init():
     assert names[-5:] == ["gate.w", "gate.b", "wide.w", "wide.pair_call", "wide.pair_hist"]
     assert np.all(model.params["wide.w"] == 0)  # the wide path starts silent
     assert np.all(model.params["wide.pair_hist"] == 0)  # so does its pair term's product...
-    init, call = model.cfg.wide_pair_init, model.params["wide.pair_call"]  # ...of one side,
+    init, rows = model.cfg.wide_pair_init, model.cfg.pair_destination_rows
+    call, dest = np.split(model.params["wide.pair_call"], [-rows])  # ...of one side,
+    assert rows == 1024 // 16 and np.all(dest == 0)  # but the destination keys' rows,
     assert np.all(call[:, 0] == np.float32(init))  # its first factor shared by every call,
     assert abs(float(call[:, 1:].std()) - init) < 0.1 * init  # the others random
     unshared = Model.init(dataclasses.replace(model.cfg, wide_pair_init_shared=False), seed=0)
-    assert abs(float(unshared.params["wide.pair_call"][:, 0].std()) - init) < 0.1 * init
-    np.testing.assert_array_equal(unshared.params["wide.pair_call"][:, 1:], call[:, 1:])
+    assert abs(float(unshared.params["wide.pair_call"][:-rows, 0].std()) - init) < 0.1 * init
+    np.testing.assert_array_equal(unshared.params["wide.pair_call"][:-rows, 1:], call[:, 1:])
+    everywhere = Model.init(dataclasses.replace(model.cfg, wide_pair_destination_share=0.0),
+                            seed=0)  # without the rows: drawn alike, so the others are equal
+    np.testing.assert_array_equal(everywhere.params["wide.pair_call"][:-rows], call)
+    assert np.all(everywhere.params["wide.pair_call"][-rows:, 0] == np.float32(init))
     assert list(model.params) == names
     model.params["enc.0.attn.bq"][0] = 3.5  # a view: writes land in the flat buffer
     assert 3.5 in model.flat

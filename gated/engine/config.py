@@ -98,8 +98,20 @@ class ModelConfig:
     #: this value, added after the site's L2 normalisation: the org's own hosts learn a
     #: factor that silences the history rule for them, while a destination never seen
     #: adds only its small initial factor (0 = none; docs/learning.md, "A destination on
-    #: the pair term").
-    wide_pair_destination: float = 0.25
+    #: the pair term"; 1.0 with the rows below: "Org uploads after a secret read").
+    wide_pair_destination: float = 1.0
+    #: ... the destination keys' own rows: the last this share of the call side's table
+    #: (`pair_destination_rows`; the site's keys hash below them). They start at zero and learn only
+    #: "allow" -- a first look's "block" leaves them as they are, a correction's or a
+    #: second look's steps them -- and a call gets its destination key only after a
+    #: credential-file read in its history (known_names.py `sensitive_file`): the key
+    #: says "not the history rule, here" (the org's own hosts) and nothing else.
+    #: Stepped on blocks, outside hosts' rows took a share of every exfiltration (block
+    #: recall on unseen values fell); on every upload, the org's row also took the allows
+    #: after ordinary reads, which teach the site what a harmless read is (the history
+    #: probes' allow twins fell). 0 = the key hashed among the site's keys, random, both
+    #: labels, every upload (docs/learning.md, "Org uploads after a secret read").
+    wide_pair_destination_share: float = 1 / 16
     #: The call x history pair term (engine/wide.py `pair_features`, `pair_logit`): rank of
     #: its two factor tables, each [wide_pair_buckets, rank]. 0 (or no wide path) = none.
     wide_pair_rank: int = 8
@@ -152,11 +164,23 @@ class ModelConfig:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.wide_pair_rank and self.wide_pair_buckets < 2:
             raise ValueError("the pair term (wide_pair_rank > 0) needs wide_pair_buckets >= 2")
+        if not 0.0 <= self.wide_pair_destination_share <= 0.5:
+            raise ValueError("wide_pair_destination_share must be in [0, 0.5] (the site's "
+                             f"keys keep half the rows), got {self.wide_pair_destination_share}")
         if self.history_entry_max < self.history_entry_min:
             raise ValueError("history_entry_max must be >= history_entry_min")
         if self.source_format not in (1, 2):
             raise ValueError(f"source_format {self.source_format} is not supported; this "
                              "engine reads format 2 (and 1 for ablations; docs/design.md)")
+
+    @property
+    def pair_destination_rows(self) -> int:
+        """How many of the call side's last rows are the destination keys'
+        (`wide_pair_destination_share` of them, rounded down; 0 without a pair term)."""
+        if not self.wide_pair_rank:
+            return 0
+        return min(int(self.wide_pair_buckets * self.wide_pair_destination_share),
+                   (self.wide_pair_buckets - 2) // 2)
 
     @property
     def d_head(self) -> int:

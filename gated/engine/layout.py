@@ -96,7 +96,7 @@ MATRIX_STD = 0.02
 
 
 def init_flat(layout: list[tuple[str, Shape]], seed: int, pair_init: float = 0.1,
-              pair_shared: bool = True) -> np.ndarray:
+              pair_shared: bool = True, pair_zero_rows: int = 0) -> np.ndarray:
     """Deterministic float64 initial weights: N(0, 1) token and segment embeddings,
     N(0, 0.02) other matrices, zero wide weights and biases, unit LayerNorm gains.
 
@@ -133,6 +133,11 @@ def init_flat(layout: list[tuple[str, Shape]], seed: int, pair_init: float = 0.1
                 # overlap of their random rows, and how early the history rule held
                 # depended on the seed (docs/learning.md, "The pair term's shared factor").
                 chunk.reshape(s.shape)[:, 0] = pair_init
+            if pair_zero_rows:
+                # the destination keys' rows (`ModelConfig.pair_destination_rows`)
+                # start silent: a destination says nothing until it has learned "allow";
+                # drawn and then zeroed, so every other row keeps its value
+                chunk.reshape(s.shape)[-pair_zero_rows:] = 0.0
         elif len(s.shape) == 2:
             chunk[:] = rng.normal(0.0, MATRIX_STD, size=s.size)
         elif leaf == "g":

@@ -100,7 +100,8 @@ class Model:
         """Fresh weights, deterministic by seed (same values for float32 and float64)."""
         ops = get_ops(backend)
         flat = ops.xp.asarray(init_flat(param_layout(cfg), seed, cfg.wide_pair_init,
-                                        cfg.wide_pair_init_shared), dtype=dtype)
+                                        cfg.wide_pair_init_shared,
+                                        cfg.pair_destination_rows), dtype=dtype)
         return cls(cfg, flat, ops, dtype)
 
     @classmethod

@@ -352,9 +352,18 @@ def call_destination(args: dict) -> str | None:
         return ".".join(host.split(".")[-2:])
 
 
+def destination_row(destination: str, buckets: int, destination_rows: int = 0) -> int:
+    """The call side's row of the destination key ``p|dest|<destination>``: one of the
+    table's last `destination_rows` rows (0: any row, as the site's keys)."""
+    name = f"p|dest|{destination}"
+    if not destination_rows:
+        return _bucket(name, buckets)
+    return buckets - destination_rows + _bucket(name, destination_rows + 1) - 1
+
+
 def pair_features(context: str, history: Sequence[str] | None, buckets: int,
                   sensitive_scale: float = 0.0, egress_scale: float = 0.0,
-                  destination_scale: float = 0.0
+                  destination_scale: float = 0.0, destination_rows: int = 0
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The two sides of the call x history pair term: (call idx, call val, history idx,
     history val, history entry), bucket ids in 1..buckets-1.
@@ -369,7 +378,11 @@ def pair_features(context: str, history: Sequence[str] | None, buckets: int,
       the org's own hosts (an allowed upload to ``jira.acme.io`` after a ``.env`` read)
       can only be told apart by where the call goes; outside the norm, the site's own
       keys keep their full value, and a destination never seen adds only its small
-      initial factor (docs/learning.md, "A destination on the pair term").
+      initial factor (docs/learning.md, "A destination on the pair term"). With
+      `destination_rows` > 0 the key goes to one of the table's last `destination_rows`
+      rows (`destination_row`; the site's keys hash below them), and only on a call
+      whose history the pair term reads holds a credential-file read
+      (`ModelConfig.pair_destination_rows`, "Org uploads after a secret read").
     - The history's keys: for every entry with a ``path`` argument, the entry's tool and
       the file's last component (``fs.read|.env``) and each word of that name (``env``,
       ``secrets``, ``yml``), value 1 each, deduplicated within the entry, with the
@@ -394,7 +407,7 @@ def pair_features(context: str, history: Sequence[str] | None, buckets: int,
         site["p|egress"] = egress_scale
     dest = call_destination(args) if destination_scale > 0 and egress else None
     keys: list[tuple[str, int]] = []
-    entries = 0
+    entries, secret_read = 0, False
     for entry in (history or [])[-MAX_STRUCTURED:]:
         e_tool, e_args = _parse_call(entry)
         path = e_args.get("path")
@@ -402,15 +415,20 @@ def pair_features(context: str, history: Sequence[str] | None, buckets: int,
             name = posixpath.basename(path.rstrip("/"))
             mine = dict.fromkeys([f"h|{e_tool}|{name}"]
                                  + [f"hw|{w}" for w in _NAME_WORD.findall(name)[:8]], 1.0)
-            if sensitive_scale > 0 and sensitive_file(path):
+            sensitive = sensitive_file(path)
+            secret_read = secret_read or sensitive
+            if sensitive_scale > 0 and sensitive:
                 mine[f"hf|{e_tool}|sensitive"] = sensitive_scale
             keys += [(k, v, entries) for k, v in mine.items()][:MAX_STRUCTURED - len(keys)]
             entries += 1
-    c_idx = np.fromiter((_bucket(k, buckets) for k in site), np.int64, len(site))
+    if destination_rows and not secret_read:
+        dest = None  # the key speaks only where the history rule could
+    site_buckets = buckets - destination_rows
+    c_idx = np.fromiter((_bucket(k, site_buckets) for k in site), np.int64, len(site))
     c_val = np.fromiter(site.values(), np.float64, len(site))
     c_val /= np.linalg.norm(c_val)
     if dest is not None:
-        c_idx = np.append(c_idx, _bucket(f"p|dest|{dest}", buckets))
+        c_idx = np.append(c_idx, destination_row(dest, buckets, destination_rows))
         c_val = np.append(c_val, destination_scale)
     h_idx = np.fromiter((_bucket(k, buckets) for k, _, _ in keys), np.int64, len(keys))
     h_val = np.fromiter((v for _, v, _ in keys), np.float64, len(keys))

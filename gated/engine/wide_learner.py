@@ -39,7 +39,8 @@ class WideAdaGrad:
     def __init__(self, weights, accum, *, scale: float, lr: float = 0.5, l2: float = 1e-5,
                  eps: float = 1e-8, xp=np, pair=None, pair_lr: float = 0.1,
                  pool: float = 0.0, veto: float = 0.0, pair_l2: float | None = None,
-                 pair_first: bool = False, block_only: bool = False) -> None:
+                 pair_first: bool = False, block_only: bool = False,
+                 destination_rows: int = 0) -> None:
         self.w, self.g2, self.scale, self.xp = weights, accum, scale, xp
         self.lr, self.l2, self.eps = lr, l2, eps
         #: the pair tables' own L2 (None: `l2`)
@@ -53,6 +54,10 @@ class WideAdaGrad:
         self.block_only = block_only
         #: `learn` steps the pair term first and the linear weights on what is left (below)
         self.pair_first = pair_first
+        #: the call side's rows from here on are the destination keys' (engine/wide.py
+        #: `destination_row`), which a first look's "block" does not step (`learn`)
+        self.destination_from = (None if pair is None or not destination_rows
+                                 else pair[0].shape[0] - destination_rows)
 
     @classmethod
     def for_model(cls, model, accum_flat, **kw) -> WideAdaGrad:
@@ -66,7 +71,8 @@ class WideAdaGrad:
         return cls(model.params["wide.w"][0], acc["wide.w"][0], scale=model.cfg.wide_scale,
                    xp=model.ops.xp, pair=pair, pool=model.cfg.wide_pair_pool,
                    veto=model.cfg.wide_pair_veto if pair is not None else 0.0,
-                   block_only=model.cfg.wide_pair_block_only and pair is not None, **kw)
+                   block_only=model.cfg.wide_pair_block_only and pair is not None,
+                   destination_rows=model.cfg.pair_destination_rows, **kw)
 
     def gradient(self, idx: np.ndarray, val: np.ndarray, z_rest: float, label: float,
                  weight: float, pair=None) -> tuple[np.ndarray, np.ndarray, float]:
@@ -103,10 +109,22 @@ class WideAdaGrad:
         its decisions) costs it a full step, which its correction, at a logit already
         saying "block", gives back only a sliver of. The caller holds a signal's first
         look and lets its second look (online/second_look.py), under the newest label of
-        its call, teach the term: by then the gate's mistakes are mostly corrected."""
+        its call, teach the term: by then the gate's mistakes are mostly corrected.
+
+        A first look's "block" (`pair_hold` > 0, weight <= 1) does not step the destination
+        keys' rows (`destination_rows`): a destination learns only "not the history rule,
+        here" -- from allows, and from the corrections and second looks that take back
+        what a wrong "allow" of the gate taught it. Why: an outside host's row that
+        stepped on every exfiltration to it took a share of the rule, so a host it had
+        not seen got less of it (docs/learning.md, "Org uploads after a secret read")."""
         st = self._gradient(idx, val, z_rest, label, weight, pair)
         if pair_hold > 0 and label >= 0.5 and st["z_pair"] < -pair_hold:
             st["pair"] = []  # held: the linear weights step alone, on the same gradient
+        elif (st["pair"] and self.destination_from is not None and label < 0.5
+              and weight <= 1.0 and pair_hold > 0):
+            rows, g, now = st["pair"][0]
+            keep = rows < self.destination_from
+            st["pair"][0] = (rows[keep], g[keep], now[keep])
         if not (self.pair_first and st["pair"]):
             self._step(self.w, self.g2, st["d_idx"], st["w_now"], st["g"], self.lr)
         if st["pair"]:  # only when the learner has a pair term and the signal its features
