@@ -167,17 +167,16 @@ def test_flat_layout_views_and_init():
     assert np.all(model.params["wide.w"] == 0)  # the wide path starts silent
     assert np.all(model.params["wide.pair_hist"] == 0)  # so does its pair term's product...
     init, rows = model.cfg.wide_pair_init, model.cfg.pair_destination_rows
-    call, dest = np.split(model.params["wide.pair_call"], [-rows])  # ...of one side,
-    assert rows == 1024 // 16 and np.all(dest == 0)  # but the destination keys' rows,
+    call, dest = np.split(model.params["wide.pair_call"], [-rows])  # ...of one side (but
+    assert rows == 1024 // 16 and len(call) == 1024 and np.all(dest == 0)  # its dest rows)
     assert np.all(call[:, 0] == np.float32(init))  # its first factor shared by every call,
     assert abs(float(call[:, 1:].std()) - init) < 0.1 * init  # the others random
     unshared = Model.init(dataclasses.replace(model.cfg, wide_pair_init_shared=False), seed=0)
     assert abs(float(unshared.params["wide.pair_call"][:-rows, 0].std()) - init) < 0.1 * init
     np.testing.assert_array_equal(unshared.params["wide.pair_call"][:-rows, 1:], call[:, 1:])
-    everywhere = Model.init(dataclasses.replace(model.cfg, wide_pair_destination_share=0.0),
-                            seed=0)  # without the rows: drawn alike, so the others are equal
-    np.testing.assert_array_equal(everywhere.params["wide.pair_call"][:-rows], call)
-    assert np.all(everywhere.params["wide.pair_call"][-rows:, 0] == np.float32(init))
+    without = Model.init(dataclasses.replace(model.cfg, wide_pair_destination_share=0.0),
+                         seed=0)  # without the rows: the site's rows are the same
+    np.testing.assert_array_equal(without.params["wide.pair_call"], call)
     assert list(model.params) == names
     model.params["enc.0.attn.bq"][0] = 3.5  # a view: writes land in the flat buffer
     assert 3.5 in model.flat
@@ -195,8 +194,9 @@ def test_flint_parameter_count():
     expect = v * d + 2 * d + 4 * (2 * 2 * d + attn + ffn) + 2 * d
     expect += 2 * (3 * 2 * d + 2 * attn + ffn) + 2 * d + v * d + v + 2 * d + 1
     expect += 1 << 18  # the wide path's hashed n-gram weights
-    expect += 2 * (1 << 14) * 8  # its call x history pair term: two [16384, 8] tables
-    assert sum(int(np.prod(s)) for _, s in param_layout(cfg)) == expect == 5_925_637
+    expect += 2 * (1 << 14) * 8  # its call x history pair term: two [16384, 8] tables,
+    expect += 1024 * 8  # the call side's with 1,024 more rows for the destination keys
+    assert sum(int(np.prod(s)) for _, s in param_layout(cfg)) == expect == 5_933_829
 
 
 def test_greedy_decode_and_predict_shapes():
@@ -262,7 +262,7 @@ def test_pair_term_gradients_at_the_rows_a_batch_touches(pool: float, veto: floa
         num = numeric_grad_entries(lambda: model.loss(batch)[0], model.params[name], idx)
         ana = np.array([model.grads[name][i] for i in idx])
         assert np.abs(ana).min() > 0 and rel_error(ana, num) < TOL, name
-        untouched = np.ones(model.cfg.wide_pair_buckets, bool)
+        untouched = np.ones(len(model.params[name]), bool)
         untouched[rows] = False
         assert np.all(model.grads[name][untouched] == 0)
     touched = sorted({int(i) for i in batch["wide_idx"][batch["wide_val"] != 0]})[:24]

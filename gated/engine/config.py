@@ -100,8 +100,8 @@ class ModelConfig:
     #: adds only its small initial factor (0 = none; docs/learning.md, "A destination on
     #: the pair term"; 1.0 with the rows below: "Org uploads after a secret read").
     wide_pair_destination: float = 1.0
-    #: ... the destination keys' own rows: the last this share of the call side's table
-    #: (`pair_destination_rows`; the site's keys hash below them). They start at zero and learn only
+    #: ... the destination keys' own rows: this share of `wide_pair_buckets` more rows
+    #: after the call side's table (`pair_destination_rows`). They start at zero and learn only
     #: "allow" -- a first look's "block" leaves them as they are, a correction's or a
     #: second look's steps them -- and a call gets its destination key only after a
     #: credential-file read in its history (known_names.py `sensitive_file`): the key
@@ -164,9 +164,9 @@ class ModelConfig:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.wide_pair_rank and self.wide_pair_buckets < 2:
             raise ValueError("the pair term (wide_pair_rank > 0) needs wide_pair_buckets >= 2")
-        if not 0.0 <= self.wide_pair_destination_share <= 0.5:
-            raise ValueError("wide_pair_destination_share must be in [0, 0.5] (the site's "
-                             f"keys keep half the rows), got {self.wide_pair_destination_share}")
+        if not 0.0 <= self.wide_pair_destination_share <= 1.0:
+            raise ValueError("wide_pair_destination_share must be in [0, 1], got "
+                             f"{self.wide_pair_destination_share}")
         if self.history_entry_max < self.history_entry_min:
             raise ValueError("history_entry_max must be >= history_entry_min")
         if self.source_format not in (1, 2):
@@ -175,12 +175,12 @@ class ModelConfig:
 
     @property
     def pair_destination_rows(self) -> int:
-        """How many of the call side's last rows are the destination keys'
-        (`wide_pair_destination_share` of them, rounded down; 0 without a pair term)."""
+        """How many rows the call side's table has for the destination keys, after its
+        `wide_pair_buckets` (`wide_pair_destination_share` of those, rounded down; 0
+        without a pair term)."""
         if not self.wide_pair_rank:
             return 0
-        return min(int(self.wide_pair_buckets * self.wide_pair_destination_share),
-                   (self.wide_pair_buckets - 2) // 2)
+        return int(self.wide_pair_buckets * self.wide_pair_destination_share)
 
     @property
     def d_head(self) -> int:

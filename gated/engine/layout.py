@@ -51,7 +51,8 @@ def param_layout(cfg: ModelConfig) -> list[tuple[str, Shape]]:
     if cfg.wide_buckets:
         layout += [("wide.w", (1, cfg.wide_buckets))]
         if cfg.wide_pair_rank:  # the call x history pair term's two factor tables
-            layout += [("wide.pair_call", (cfg.wide_pair_buckets, cfg.wide_pair_rank)),
+            layout += [("wide.pair_call", (cfg.wide_pair_buckets + cfg.pair_destination_rows,
+                                           cfg.wide_pair_rank)),
                        ("wide.pair_hist", (cfg.wide_pair_buckets, cfg.wide_pair_rank))]
     return layout
 

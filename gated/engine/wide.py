@@ -354,11 +354,12 @@ def call_destination(args: dict) -> str | None:
 
 def destination_row(destination: str, buckets: int, destination_rows: int = 0) -> int:
     """The call side's row of the destination key ``p|dest|<destination>``: one of the
-    table's last `destination_rows` rows (0: any row, as the site's keys)."""
+    `destination_rows` rows after the table's `buckets` (0: one of those, as the site's
+    keys)."""
     name = f"p|dest|{destination}"
     if not destination_rows:
         return _bucket(name, buckets)
-    return buckets - destination_rows + _bucket(name, destination_rows + 1) - 1
+    return buckets + _bucket(name, destination_rows + 1) - 1
 
 
 def pair_features(context: str, history: Sequence[str] | None, buckets: int,
@@ -379,9 +380,9 @@ def pair_features(context: str, history: Sequence[str] | None, buckets: int,
       can only be told apart by where the call goes; outside the norm, the site's own
       keys keep their full value, and a destination never seen adds only its small
       initial factor (docs/learning.md, "A destination on the pair term"). With
-      `destination_rows` > 0 the key goes to one of the table's last `destination_rows`
-      rows (`destination_row`; the site's keys hash below them), and only on a call
-      whose history the pair term reads holds a credential-file read
+      `destination_rows` > 0 the key goes to one of the `destination_rows` rows after the
+      table's `buckets` (`destination_row`), and only on a call whose history, as the
+      pair term reads it, holds a credential-file read
       (`ModelConfig.pair_destination_rows`, "Org uploads after a secret read").
     - The history's keys: for every entry with a ``path`` argument, the entry's tool and
       the file's last component (``fs.read|.env``) and each word of that name (``env``,
@@ -423,8 +424,7 @@ def pair_features(context: str, history: Sequence[str] | None, buckets: int,
             entries += 1
     if destination_rows and not secret_read:
         dest = None  # the key speaks only where the history rule could
-    site_buckets = buckets - destination_rows
-    c_idx = np.fromiter((_bucket(k, site_buckets) for k in site), np.int64, len(site))
+    c_idx = np.fromiter((_bucket(k, buckets) for k in site), np.int64, len(site))
     c_val = np.fromiter(site.values(), np.float64, len(site))
     c_val /= np.linalg.norm(c_val)
     if dest is not None:
