@@ -35,7 +35,10 @@ daemon's wide path is at best) for each setting of
   pair term's call factors random, as before "The pair term's shared factor"), ``dest``:
   `ModelConfig.wide_pair_destination` (21st, default 0: no destination key, as before "A
   destination on the pair term"), ``domains``: `ModelConfig.wide_call_domains` (22nd,
-  default 0: no domain key, as before "A domain key"),
+  default 0: no domain key, as before "A domain key"), ``dest rows``:
+  `ModelConfig.wide_pair_destination_share` (23rd, default 0: the destination key among
+  the site's rows, on every upload and stepped on both labels, as before "The
+  destination's own rows"; today's 1/16 is 0.0625),
 
 with features built by the daemon's own `source_batch`, beside the anchor (bench/anchor.py)
 on the same signals, and prints: how many 500-signal checkpoints it is ahead of the anchor
@@ -81,6 +84,11 @@ read in the window -- and their allow twins apart).
     .venv/bin/python bench/bench_wide_features.py --seeds 0 1 2 3 4 5 --signals 10000 \
         --switch-at 4000 --every 500 --init-seed -1 --second-look 200 --pair-hold 3 \
         --grid 0.3,0.3,1e-3,8,0.1,0.5,1,0.5,0.1,0,-1,1,4,1,1,2,1,0.5,1,1   # the hold (kept)
+    .venv/bin/python bench/bench_wide_features.py --seeds 0 1 2 3 4 5 --signals 10000 \
+        --switch-at 4000 --every 500 --init-seed -1 --second-look 200 --pair-hold 3 \
+        --drift-relax 1 \
+        --grid 0.3,0.3,1e-3,8,0.1,0.5,1,0.5,0.1,0,-1,1,4,1,1,2,1,0.5,1,1,1,0.3,0.0625
+        # the destination's own rows (kept: today's defaults)
 """
 
 from __future__ import annotations
@@ -141,7 +149,8 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
            shared: bool = False, init_seed: int = 0, second_look: int = 0,
            pair_hold: float = 0.0, drift_relax: float = -1.0,
            drift_relax_pair: float = -1.0, drift_cap: float = 0.0,
-           destination: float = 0.0, domains: float = 0.0) -> dict:
+           destination: float = 0.0, domains: float = 0.0,
+           destination_share: float = 0.0) -> dict:
     """One setting's run; `lag` > 1 scores each signal with weights that have not yet
     learned the previous `lag` - 1 (updates applied in groups of `lag`), as the daemon's
     trainer scores a step's arrivals with the weights published before them. `pair_rank`
@@ -169,7 +178,9 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
     then caps the linear sums at that value (the most-seen features relaxed most).
     `destination` is `ModelConfig.wide_pair_destination` (0 here by default: the tables
     before "A destination on the pair term" keep their commands), `domains`
-    `ModelConfig.wide_call_domains` (0 here by default, for the same reason)."""
+    `ModelConfig.wide_call_domains` (0 here by default, for the same reason),
+    `destination_share` `ModelConfig.wide_pair_destination_share` (0 here by default, for
+    the same reason)."""
     cfg = dataclasses.replace(ModelConfig.preset("flint"), wide_call_words=words,
                               wide_history_cross=cross, wide_pair_rank=pair_rank,
                               wide_pair_pool=pool, wide_call_shapes=shapes,
@@ -180,7 +191,8 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
                               wide_path_places=places, wide_shape_hosts=hosts,
                               wide_pair_init_shared=shared,
                               wide_pair_destination=destination,
-                              wide_call_domains=domains)
+                              wide_call_domains=domains,
+                              wide_pair_destination_share=destination_share)
 
     def feats(context: str, history: list[str] | None) -> tuple:
         b = source_batch([(context, history)], cfg)
@@ -338,11 +350,11 @@ def main() -> None:
         fields = [float(x) for x in spec.split(",")]
         words, cross, l2 = fields[:3]
         defaults = (0, 0.1, 0.5, 0.0, 0.5, 0.1, 0.0, -1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0,
-                    0.0, 0.0, 0.0, 0.0)
+                    0.0, 0.0, 0.0, 0.0, 0.0)
         (rank, pair_lr, pool, shapes, lr, init, veto, pair_l2, known, sens, egress, block,
-         endpoints, sql, places, hosts, shared, dest, domains) = (
+         endpoints, sql, places, hosts, shared, dest, domains, dest_share) = (
              fields[3 + k] if len(fields) > 3 + k else d
-             for k, d in enumerate(defaults))  # fields 4 to 22
+             for k, d in enumerate(defaults))  # fields 4 to 23
         rank = int(rank)
         for seed in a.seeds:
             r = replay(words, cross, l2, seed, a.signals, a.switch_at, a.probes, points, a.lag,
@@ -350,7 +362,8 @@ def main() -> None:
                        egress, a.pair_first, bool(block), a.every, a.correction_weight,
                        endpoints, sql, places, bool(hosts), bool(shared),
                        seed if a.init_seed < 0 else a.init_seed, a.second_look, a.pair_hold,
-                       a.drift_relax, a.drift_relax_pair, a.drift_cap, dest, domains)
+                       a.drift_relax, a.drift_relax_pair, a.drift_cap, dest, domains,
+                       dest_share)
             p0, p1 = (r["at"][p] for p in points)
 
             def pair(k: str, p0=p0, p1=p1) -> str:
@@ -358,8 +371,9 @@ def main() -> None:
             print(f"| {words:g} | {cross:g} | {l2:g} | {rank}, {pair_lr:g}, {pool:g} | "
                   f"{shapes:g} | {lr:g}, {init:g}, {veto:g}, {pair_l2:g}, {known:g}, {sens:g}, "
                   f"{egress:g}, {block:g}, {endpoints:g}, {sql:g}, {places:g}, {hosts:g}, "
-                  f"{shared:g}" + (f", {dest:g}" if dest or domains else "")
-                  + (f", {domains:g}" if domains else "") + " | "
+                  f"{shared:g}" + (f", {dest:g}" if dest or domains or dest_share else "")
+                  + (f", {domains:g}" if domains or dest_share else "")
+                  + (f", {dest_share:g}" if dest_share else "") + " | "
                   f"{seed} | "
                   f"{r['ahead']}/{r['checks']} | "
                   f"{r['mean']:+.4f} / {r['worst']:+.3f} / {r['first']:+.3f} | {pair('unseen')} | "
