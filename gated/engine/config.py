@@ -98,7 +98,7 @@ class ModelConfig:
     #: this value, added after the site's L2 normalisation: the org's own hosts learn a
     #: factor that silences the history rule for them, while a destination never seen
     #: adds only its small initial factor (0 = none; docs/learning.md, "A destination on
-    #: the pair term"; 1.0 with the rows below: "Org uploads after a secret read").
+    #: the pair term"; 1.0 with the rows below: "The destination's own rows").
     wide_pair_destination: float = 1.0
     #: ... the destination keys' own rows: this share of `wide_pair_buckets` more rows
     #: after the call side's table (`pair_destination_rows`). They start at zero and learn only
@@ -110,7 +110,7 @@ class ModelConfig:
     #: recall on unseen values fell); on every upload, the org's row also took the allows
     #: after ordinary reads, which teach the site what a harmless read is (the history
     #: probes' allow twins fell). 0 = the key hashed among the site's keys, random, both
-    #: labels, every upload (docs/learning.md, "Org uploads after a secret read").
+    #: labels, every upload (docs/learning.md, "The destination's own rows").
     wide_pair_destination_share: float = 1 / 16
     #: The call x history pair term (engine/wide.py `pair_features`, `pair_logit`): rank of
     #: its two factor tables, each [wide_pair_buckets, rank]. 0 (or no wide path) = none.

@@ -354,8 +354,8 @@ def call_destination(args: dict) -> str | None:
 
 def destination_row(destination: str, buckets: int, destination_rows: int = 0) -> int:
     """The call side's row of the destination key ``p|dest|<destination>``: one of the
-    `destination_rows` rows after the table's `buckets` (0: one of those, as the site's
-    keys)."""
+    `destination_rows` rows after the table's `buckets` (with 0 such rows: one of the
+    buckets, hashed as the site's keys are)."""
     name = f"p|dest|{destination}"
     if not destination_rows:
         return _bucket(name, buckets)
@@ -367,7 +367,8 @@ def pair_features(context: str, history: Sequence[str] | None, buckets: int,
                   destination_scale: float = 0.0, destination_rows: int = 0
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The two sides of the call x history pair term: (call idx, call val, history idx,
-    history val, history entry), bucket ids in 1..buckets-1.
+    history val, history entry), bucket ids in 1..buckets-1 (a destination key's call row
+    in buckets..buckets+destination_rows-1 when there are such rows).
 
     - The call's site: its tool, and its tool and HTTP method when it has one, and, with
       `egress_scale` > 0, ``p|egress`` of that value when the call can carry data out
@@ -383,7 +384,8 @@ def pair_features(context: str, history: Sequence[str] | None, buckets: int,
       `destination_rows` > 0 the key goes to one of the `destination_rows` rows after the
       table's `buckets` (`destination_row`), and only on a call whose history, as the
       pair term reads it, holds a credential-file read
-      (`ModelConfig.pair_destination_rows`, "Org uploads after a secret read").
+      (`ModelConfig.pair_destination_rows`; docs/learning.md, "The destination's own
+      rows").
     - The history's keys: for every entry with a ``path`` argument, the entry's tool and
       the file's last component (``fs.read|.env``) and each word of that name (``env``,
       ``secrets``, ``yml``), value 1 each, deduplicated within the entry, with the

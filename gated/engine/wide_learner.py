@@ -116,7 +116,7 @@ class WideAdaGrad:
         here" -- from allows, and from the corrections and second looks that take back
         what a wrong "allow" of the gate taught it. Why: an outside host's row that
         stepped on every exfiltration to it took a share of the rule, so a host it had
-        not seen got less of it (docs/learning.md, "Org uploads after a secret read")."""
+        not seen got less of it (docs/learning.md, "The destination's own rows")."""
         st = self._gradient(idx, val, z_rest, label, weight, pair)
         if pair_hold > 0 and label >= 0.5 and st["z_pair"] < -pair_hold:
             st["pair"] = []  # held: the linear weights step alone, on the same gradient
