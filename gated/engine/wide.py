@@ -418,7 +418,7 @@ def pair_features(context: str, history: Sequence[str] | None, buckets: int,
             name = posixpath.basename(path.rstrip("/"))
             mine = dict.fromkeys([f"h|{e_tool}|{name}"]
                                  + [f"hw|{w}" for w in _NAME_WORD.findall(name)[:8]], 1.0)
-            sensitive = sensitive_file(path)
+            sensitive = (sensitive_scale > 0 or destination_rows > 0) and sensitive_file(path)
             secret_read = secret_read or sensitive
             if sensitive_scale > 0 and sensitive:
                 mine[f"hf|{e_tool}|sensitive"] = sensitive_scale
