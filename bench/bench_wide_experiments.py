@@ -272,13 +272,13 @@ def with_destination_rows(pair_features, rows_seen: set, zero_table: list | None
     `traffic.destination_class`), the rows of destinations that are not the org's go there
     instead of `rows_seen`."""
     def features(context, history, buckets, sensitive_scale=0.0, egress_scale=0.0,
-                 destination_scale=0.0):
+                 destination_scale=0.0, destination_rows=0):
         out = pair_features(context, history, buckets, sensitive_scale, egress_scale,
-                            destination_scale)
+                            destination_scale, destination_rows)
         tool, args = wide._parse_call(context)
         dest = wide.call_destination(args) if destination_scale > 0 else None
         if dest is not None and egress_call(tool, args):
-            row = wide._bucket(f"p|dest|{dest}", buckets)
+            row = wide.destination_row(dest, buckets, destination_rows)
             into = rows_seen
             if outside_rows is not None and destination_class(tool, args) != "org":
                 into = outside_rows
@@ -295,13 +295,15 @@ def with_dest_after_secret(pair_features):
     (known_names.py `sensitive_file`, on the entries the pair term reads). Why: the key is
     there to say "not the history rule, here"; emitted on every upload, the org's row
     also takes the allows after ordinary reads, which otherwise teach the shared site
-    factor what a harmless read looks like (the history probes' allow twins)."""
+    factor what a harmless read looks like (the history probes' allow twins). With
+    destination rows (`ModelConfig.wide_pair_destination_share`, which this experiment
+    became) the engine does this itself, and the wrapper leaves the features alone."""
     def features(context, history, buckets, sensitive_scale=0.0, egress_scale=0.0,
-                 destination_scale=0.0):
+                 destination_scale=0.0, destination_rows=0):
         c_idx, c_val, *rest = pair_features(context, history, buckets, sensitive_scale,
-                                            egress_scale, destination_scale)
+                                            egress_scale, destination_scale, destination_rows)
         tool, args = wide._parse_call(context)
-        if (destination_scale > 0 and egress_call(tool, args)
+        if (destination_scale > 0 and not destination_rows and egress_call(tool, args)
                 and wide.call_destination(args) is not None
                 and not after_secret(history)):
             c_idx, c_val = c_idx[:-1], c_val[:-1]
