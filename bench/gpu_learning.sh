@@ -18,11 +18,21 @@
 # details go back in one archive, extras.tgz (runs in parallel cannot all rewrite
 # docs/benchmarks.md; copy the tables there by hand, with the machine and this command).
 # GATED_BACKEND=numpy GATED_SIGNALS=300 GATED_LONG_SIGNALS=300 runs it on a CPU (dry run).
+#
+# The CPU benchmark's protocol on the GPU (2026-11-27): GATED_SHORT=0 skips step 1,
+# GATED_SEEDS="0 1 2 3" GATED_LONG_SIGNALS=8000 GATED_SWITCH_AT=4000 GATED_PROBES=1000
+# GATED_LONG_TIMEOUT=450 GATED_PARITY_LAST=1 (the parity tests after the runs, so that
+# their GPU work cannot stall the runs' first checkpoint).
 set -uo pipefail
 OUT=${OUT:-/tmp/gated-gpu}
 BACKEND=${GATED_BACKEND:-cupy}
-SHORT=${GATED_SIGNALS:-1000}
+SHORT=${GATED_SHORT:-${GATED_SIGNALS:-1000}}
 LONG=${GATED_LONG_SIGNALS:-4500}
+SWITCH=${GATED_SWITCH_AT:-$((LONG * 4 / 9))}
+SEEDS=${GATED_SEEDS:-0 1 2}
+PROBES=${GATED_PROBES:-400}
+LONG_TIMEOUT=${GATED_LONG_TIMEOUT:-250}
+PARITY_LAST=${GATED_PARITY_LAST:-0}
 mkdir -p "$OUT"
 if compgen -G ".whl/*.whl" >/dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
@@ -34,34 +44,40 @@ nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1 || true
 git rev-parse HEAD > "$OUT/commit.txt" 2>/dev/null || true
 date -u +%T > "$OUT/times.txt"
 
-if [ "$BACKEND" = cupy ]; then
-    timeout 90 "$PY" -m pytest -q -x -p no:cacheprovider tests/test_kernels.py \
-        > "$OUT/parity.log" 2>&1
-    tail -3 "$OUT/parity.log"
-fi
-date -u +%T >> "$OUT/times.txt"
+parity() {
+    if [ "$BACKEND" = cupy ]; then
+        timeout 90 "$PY" -m pytest -q -x -p no:cacheprovider tests/test_kernels.py \
+            > "$OUT/parity.log" 2>&1
+        tail -3 "$OUT/parity.log"
+    fi
+    date -u +%T >> "$OUT/times.txt"
+}
+[ "$PARITY_LAST" = 1 ] || parity
 
 short() {  # name, then bench_learning arguments
     local name=$1; shift
     timeout 170 "$PY" bench/bench_learning.py --signals "$SHORT" --switch-at "$SHORT" \
         --probes 200 --trace "$OUT/trace-$name.jsonl" "$@" > "$OUT/first-$name.txt" 2>&1
 }
-short seed0 --backend "$BACKEND" --seed 0 &
-short seed2 --backend "$BACKEND" --seed 2 &
-short seed0-lr0 --backend "$BACKEND" --seed 0 --lr 0 &
-short seed0-cpu --backend numpy --seed 0 &
-wait
-for f in "$OUT"/first-*.txt; do echo "$f"; grep -h -E "^\| [0-9]" "$f" | cut -c1-150; done
-date -u +%T >> "$OUT/times.txt"
+if [ "$SHORT" != 0 ]; then
+    short seed0 --backend "$BACKEND" --seed 0 &
+    short seed2 --backend "$BACKEND" --seed 2 &
+    short seed0-lr0 --backend "$BACKEND" --seed 0 --lr 0 &
+    short seed0-cpu --backend numpy --seed 0 &
+    wait
+    for f in "$OUT"/first-*.txt; do echo "$f"; grep -h -E "^\| [0-9]" "$f" | cut -c1-150; done
+    date -u +%T >> "$OUT/times.txt"
+fi
 
-for s in 0 1 2; do
-    timeout 250 "$PY" bench/bench_learning.py --backend "$BACKEND" --signals "$LONG" \
-        --switch-at $((LONG * 4 / 9)) --probes 400 --seed "$s" \
+for s in $SEEDS; do
+    timeout "$LONG_TIMEOUT" "$PY" bench/bench_learning.py --backend "$BACKEND" \
+        --signals "$LONG" --switch-at "$SWITCH" --probes "$PROBES" --seed "$s" \
         --trace "$OUT/trace-long-seed$s.jsonl" > "$OUT/long-seed$s.txt" 2>&1 &
 done
 wait
 grep -h -E "^- (gated ahead|first checkpoint|back to|over all)" "$OUT"/long-seed*.txt
 date -u +%T >> "$OUT/times.txt"
+[ "$PARITY_LAST" = 1 ] && parity
 # at most 8 files come back from a call: the 7 tables, and everything else in one archive
 (cd "$OUT" && tar czf extras.tgz trace-*.jsonl parity.log nvidia-smi.txt commit.txt times.txt \
     2>/dev/null; rm -f trace-*.jsonl parity.log nvidia-smi.txt commit.txt times.txt)
