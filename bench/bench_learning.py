@@ -183,6 +183,8 @@ def run(preset: str, lr: float, rate: float, n_signals: int, switch_at: int, see
         events: dict[int, object] = {}  # seq -> Event
         anchor_p: dict[int, float] = {}  # seq -> the anchor's p_allow before it learned it
         scored: list[tuple[float, bool]] = []  # gated (p, true_allow), ordinary signals
+        served_open: list[bool] = []  # was the allow band open when each was scored
+        switch_index: int | None = None  # index in `scored` of the first v2 signal
         anchored: list[tuple[float, bool]] = []
         raw: list[tuple[float, bool]] = []  # gated before calibration (p >= 0.5 iff z >= 0)
         parts: list[tuple[float, float, bool]] = []  # (wide part, transformer part, TRUE)
@@ -249,11 +251,14 @@ def run(preset: str, lr: float, rate: float, n_signals: int, switch_at: int, see
             info = trainer.train_on(fresh, turns=settings.wide_turns)
             clock += time.perf_counter() - t0
             steps += info is not None
-            for seq, p, z, z_deep in trainer.last_scores:
+            for seq, p, z, z_deep, allow_open in trainer.last_scores:
                 ev = events.pop(seq)
                 pa = anchor_p.pop(seq)
                 if not ev.is_correction:
+                    if switch_index is None and seq > switch_at:  # seqs are 1-based
+                        switch_index = len(scored)
                     scored.append((p, ev.true_allow))
+                    served_open.append(allow_open)
                     raw.append((float(z >= 0), ev.true_allow))
                     parts.append((z - z_deep, z_deep, ev.true_allow))
                     if trace_file is not None:
@@ -261,7 +266,7 @@ def run(preset: str, lr: float, rate: float, n_signals: int, switch_at: int, see
                             "seq": seq, "t": round(clock, 3), "steps": steps, "p": p,
                             "z": z, "z_deep": z_deep, "anchor_p": pa,
                             "true_allow": ev.true_allow, "context": ev.signal["context"],
-                            "history": ev.signal.get("history"),
+                            "history": ev.signal.get("history"), "allow_open": allow_open,
                             "decision": ev.signal.get("decision"),
                             "category": ev.category}) + "\n")
             queue = produced - trainer.status.last_trained_seq
@@ -313,18 +318,43 @@ def run(preset: str, lr: float, rate: float, n_signals: int, switch_at: int, see
         store.close()
         if trace_file is not None:
             trace_file.close()
-    # calibration and allow-band precision against the TRUE label, last 2000 scored
+    # calibration and allow-band precision against the TRUE label, last 2000 scored; the
+    # allow band as served (closed until enough signals are scored and after a drift alarm)
     tail = scored[-2000:]
     p = np.array([x for x, _ in tail])
     y = np.array([float(t) for _, t in tail])
-    allow_band = y[p >= serving.bands.allow]
+    allow_band = y[(p >= serving.bands.allow) & np.array(served_open[-2000:], dtype=bool)]
     return {"preset": preset, "variant": variant, "lr": lr, "rows": rows, "steps": steps,
             "virtual_s": round(clock, 1), "max_queue": max_queue,
             "final_queue": queue_trace[-1][1] if queue_trace else 0,
             "ece_true": expected_calibration_error(p, y), "brier_true": brier_score(p, y),
             "allow_band_precision": float(allow_band.mean()) if allow_band.size else float("nan"),
-            "allow_band_share": float((p >= serving.bands.allow).mean()),
+            "allow_band_share": float(allow_band.size / max(1, p.size)),
+            "allow_band_phases": _allow_band_phases(scored, served_open, switch_index,
+                                                    serving.bands.allow),
+            "allow_band_wait": (settings.allow_band_after, settings.allow_band_drift_hold),
             "switch_at": switch_at, "trained_steps": trained_examples}
+
+
+def _allow_band_phases(scored: list[tuple[float, bool]], served_open: list[bool],
+                       switch_index: int | None, allow: float) -> dict[str, tuple]:
+    """TRUE blocks answered `allow`, and calls answered `allow`, in the first 500 scored,
+    the 500 after the policy change and the rest: as served (the allow band closed while
+    the trainer's evidence does not back it) and with the band always open."""
+    p = np.array([x for x, _ in scored])
+    y = np.array([t for _, t in scored], dtype=bool)
+    opened = np.array(served_open, dtype=bool)
+    phase = np.full(p.size, "rest", dtype=object)
+    phase[:500] = "first 500"
+    if switch_index is not None:
+        phase[switch_index:switch_index + 500] = "500 after the change"
+    out = {}
+    for name in ("first 500", "500 after the change", "rest"):
+        sel = phase == name
+        band = sel & (p >= allow)
+        out[name] = (int((band & opened & ~y).sum()), int((band & opened).sum()),
+                     int((band & ~y).sum()), int(band.sum()), int(sel.sum()))
+    return out
 
 
 def _gpu_name() -> str:
@@ -486,6 +516,11 @@ def summary(r: dict) -> list[str]:
         f"- last 2000 scored, against the TRUE label: ECE {r['ece_true']:.3f}, Brier "
         f"{r['brier_true']:.3f}, allow-band precision {r['allow_band_precision']:.4f} "
         f"({100 * r['allow_band_share']:.0f}% of calls in the allow band)",
+        "- the allow band, TRUE blocks answered `allow` / calls answered `allow`, as served "
+        "(closed until {} scored and for {} after a drift alarm) and [with the band always "
+        "open]: ".format(*r["allow_band_wait"])
+        + "; ".join(f"{k} {a} / {b} [{c} / {d}] of {n}"
+                    for k, (a, b, c, d, n) in r["allow_band_phases"].items()),
         f"- keeping up: {r['steps']} steps in {r['virtual_s']} s of virtual time, queue max "
         f"{r['max_queue']}, at the end {r['final_queue']} signals",
     ]

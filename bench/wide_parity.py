@@ -43,7 +43,7 @@ def feed(backend: str, n: int, seed: int) -> dict[str, np.ndarray]:
             store.append_signals([ev.signal])
             trainer.last_scores = []
             trainer._take(store.read_signals(trainer.status.last_trained_seq, 16))
-            for _seq, pi, zi, _zd in trainer.last_scores:
+            for _seq, pi, zi, _zd, _open in trainer.last_scores:
                 z.append(zi)
                 p.append(pi)
                 true.append(ev.true_allow)

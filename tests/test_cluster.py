@@ -33,6 +33,7 @@ from gated.cluster.snapshot import (  # noqa: E402
     layout_fingerprint,
     object_name,
 )
+from gated.daemon.serving import Calibration
 from gated.engine import ModelConfig  # noqa: E402
 from gated.store import Store  # noqa: E402
 
@@ -92,6 +93,10 @@ def test_snapshot_codec_verifies_digest_layout_and_pointer():
     d = decode(blob, ptr, layout)
     assert d.version == 7 and d.step == 3 and d.calibration == (1.5, -0.2)
     assert np.array_equal(d.flat, flat)
+    # the allow band's state travels with the map: an edge serves `ask` as the trainer does
+    closed, cptr = encode(8, flat, step=4, calibration=[1.5, -0.2, -1.0, False], layout=layout)
+    assert decode(closed, cptr, layout).calibration == (1.5, -0.2, -1.0, 0.0)
+    assert Calibration(*decode(closed, cptr, layout).calibration).allow_open == 0.0
     bad = bytearray(blob)
     bad[-5] ^= 0x40
     with pytest.raises(SnapshotError, match="SHA-256"):

@@ -8,7 +8,15 @@ import time
 
 import msgpack
 import pytest
-from daemon_proc import FAST, expected_band, start, wait_until
+from daemon_proc import (
+    FAST,
+    QUIET,
+    expected_band,
+    metric_samples,
+    metric_value,
+    start,
+    wait_until,
+)
 from prometheus_client.parser import text_string_to_metric_families
 
 from gated.daemon.metrics import SERIES
@@ -78,12 +86,14 @@ def test_bands_are_the_configured_thresholds_of_p_allow_and_reload(tmp_path):
     forced = {"ask": (1.0, 0.0),     # allow needs p >= 1, block p <= 0
               "allow": (0.0, 0.0),   # every p >= 0
               "block": (1.0, 1.0)}   # every p <= 1 (p >= 1 would be checked first)
-    path.write_text("[bands]\nallow = 1.0\nblock = 0.0\n")
+    # the allow band open from the start (no evidence wait: the next test is about that)
+    train = "[train]\nallow_band_after = 0\n"
+    path.write_text(train + "[bands]\nallow = 1.0\nblock = 0.0\n")
     d = start(tmp_path, config=path)
     try:
         with d.client() as c:
             for band, (allow, block) in forced.items():
-                path.write_text(f"[bands]\nallow = {allow}\nblock = {block}\n")
+                path.write_text(train + f"[bands]\nallow = {allow}\nblock = {block}\n")
                 got = wait_until(lambda band=band: (r := c.predict("bash rm -rf /", ["ls"]))
                                  ["band"] == band and r, what=f"band {band!r}")
                 assert 0.0 < got["p_allow"] < 1.0, got  # strictly inside: forced, not luck
@@ -91,6 +101,41 @@ def test_bands_are_the_configured_thresholds_of_p_allow_and_reload(tmp_path):
                 assert ex["band"] == band, ex
     finally:
         assert d.stop() == 0
+
+
+def test_the_allow_band_opens_once_enough_signals_are_scored(tmp_path):
+    """A fresh daemon answers `ask` where p_allow is in the allow band until progressive
+    validation has scored train.allow_band_after signals, then `allow`; p_allow itself is
+    untouched. bands.allow = 0 puts every p_allow in the allow band, so the band shows the
+    evidence rule alone. status and Prometheus say the same; a restart keeps it open."""
+    path = tmp_path / "gated.toml"
+    path.write_text(QUIET + "allow_band_after = 40\n[bands]\nallow = 0.0\nblock = 0.0\n")
+    d = start(tmp_path, config=path)
+    call = ("bash rm -rf /", ["ls"])
+    try:
+        with d.client() as c:
+            first = c.predict(*call)
+            assert first["band"] == "ask" and 0.0 < first["p_allow"] < 1.0, first
+            assert c.status()["allow_band_open"] is False
+            assert metric_value(metric_samples(d.scrape()), "gated_allow_band_open") == 0
+            c.signals(_signals(30))
+            st = wait_until(lambda: (s := c.status())["scored"] == 30 and s["queue_depth"] == 0
+                            and s["version"] >= 1 and s, what="30 signals scored")
+            assert st["allow_band_open"] is False and c.predict(*call)["band"] == "ask"
+            c.signals(_signals(20, seed=1))
+            got = wait_until(lambda: (r := c.predict(*call))["band"] == "allow" and r,
+                             what="the allow band to open after 40 scored")
+            assert 0.0 < got["p_allow"] < 1.0 and c.status()["allow_band_open"] is True
+            assert metric_value(metric_samples(d.scrape()), "gated_allow_band_open") == 1
+    finally:
+        assert d.stop() == 0
+    d2 = start(tmp_path, config=path, state_dir=d.state_dir)
+    try:
+        with d2.client() as c:
+            assert c.predict(*call)["band"] == "allow" and c.status()["allow_band_open"]
+            assert metric_value(metric_samples(d2.scrape()), "gated_allow_band_open") == 1
+    finally:
+        assert d2.stop() == 0
 
 
 def test_restart_resumes_step_version_weights_and_trains_nothing_twice(tmp_path):

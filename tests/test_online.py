@@ -7,6 +7,7 @@ import random
 
 import numpy as np
 
+from gated.daemon.serving import Bands
 from gated.online import (
     CorrectedAlignment,
     PageHinkley,
@@ -175,6 +176,44 @@ def test_monitor_reports_drift_with_the_signal_where_it_began():
             break
     assert began is not None and abs(began - 2000) <= 80 and mon.adapting
     assert mon.stats()["drift_detections"] == 1.0 and at > began
+
+
+def test_the_allow_band_waits_for_evidence_and_holds_after_a_drift():
+    """Closed until `allow_band_after` signals are scored; closed again for
+    `allow_band_drift_hold` scored signals after an alarm; the hold and the count survive
+    a restart (state / load)."""
+    s = MonitorSettings(allow_band_after=50, allow_band_drift_hold=40, drift_adapt_signals=10)
+    mon = Monitor(s)
+    rng = random.Random(2)
+    fp = b"x" * 16
+    opened_at = alarm_at = reopened_at = None
+    for seq in range(1, 3000):
+        if mon.allow_band_open and opened_at is None:
+            opened_at = seq - 1  # scored before this one
+        wrong = rng.random() < (0.02 if seq < 1000 else 0.4)
+        if mon.observe(seq, fp, None, 0.0 if wrong else 1.0, 2.0, 0.9) is not None:
+            alarm_at = seq
+            assert not mon.allow_band_open and mon.stats()["allow_band_open"] == 0.0
+            saved = mon.state()
+            again = Monitor(s)
+            again.load(saved)  # a restart in the middle of the hold
+            assert not again.allow_band_open and saved["allow_hold_left"] == 40
+            break
+    assert opened_at == 50 and alarm_at is not None and alarm_at > 1000
+    for seq in range(alarm_at + 1, alarm_at + 100):
+        mon.observe(seq, fp, None, 1.0, 2.0, 0.9)
+        if mon.allow_band_open and reopened_at is None:
+            reopened_at = seq - alarm_at
+    assert reopened_at == 40 and mon.stats()["allow_band_open"] == 1.0
+    fresh = Monitor(s)
+    fresh.load(mon.state())  # the calibrator's count comes back: open at once
+    assert fresh.allow_band_open
+
+
+def test_a_closed_allow_band_answers_ask_and_leaves_the_others():
+    bands = Bands(allow=0.9, block=0.1)
+    assert [bands.of(p) for p in (0.95, 0.5, 0.05)] == ["allow", "ask", "block"]
+    assert [bands.of(p, allow_open=False) for p in (0.95, 0.5, 0.05)] == ["ask", "ask", "block"]
 
 
 # --- the reservoir: supersession by (context, history) fingerprint ----------------------

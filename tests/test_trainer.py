@@ -245,7 +245,8 @@ def test_the_transformer_starts_with_no_share_of_the_served_logit(tmp_path):
     assert trainer.wide_path.learner is not None
     store.append_signals([_sig(f"fs.read src/{i}.py", "allow") for i in range(16)])
     trainer.train_on(store.read_signals(0, 16))
-    assert serving.calibration == Calibration(1.0, 0.0, -1.0)
+    # (allow_open False: 16 signals scored, fewer than train.allow_band_after)
+    assert serving.calibration == Calibration(1.0, 0.0, -1.0, allow_open=False)
     assert trainer.monitor.stats()["calibration_d"] == -1.0
     trainer.publish_now()  # what the step and the wide path learned now serves
     z, p, snap = serving.score_many([("fs.read src/x.py", None)])

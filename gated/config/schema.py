@@ -231,6 +231,11 @@ class TrainConfig:
                                     "is off and replay is reduced", hot=True, lo=0)
     drift_replay_fraction: float = _opt(0.1, "replay share of a batch while adapting to a "
                                         "drift", hot=True, lo=0.0, hi=1.0, hi_open=True)
+    allow_band_after: int = _opt(500, "fresh signals progressive validation scores before "
+                                 "serving answers `allow` at all (until then a would-be "
+                                 "allow is `ask`); 0 = from the first", lo=0)
+    allow_band_drift_hold: int = _opt(300, "signals after a detected drift during which a "
+                                      "would-be allow is answered `ask`", lo=0)
 
 
 def _check_fp_fn(v: tuple[float, ...]) -> str | None:

@@ -60,6 +60,7 @@ SERIES: dict[str, str] = {
     "gated_calibration_platt": "gauge",
     "gated_drift_detections_total": "counter",
     "gated_drift_adapting": "gauge",
+    "gated_allow_band_open": "gauge",
     "gated_replay_dropped_total": "counter",
     "gated_signals_backpropagated_total": "counter",
     "gated_train_steps_total": "counter",
@@ -179,6 +180,11 @@ class Metrics:
                                         registry=r)
         self.drift_adapting = Gauge("gated_drift_adapting", "1 while the trainer adapts to "
                                     "a detected drift (EWC off, replay reduced)", registry=r)
+        self.allow_band_open = Gauge("gated_allow_band_open", "1 when serving may answer "
+                                     "`allow`; 0 until progressive validation has scored "
+                                     "train.allow_band_after signals and for "
+                                     "train.allow_band_drift_hold after a detected drift "
+                                     "(would-be allows are answered `ask`)", registry=r)
         self.replay_dropped = Counter("gated_replay_dropped", "Replay examples dropped "
                                       "because a detected drift made their labels stale",
                                       registry=r)
@@ -394,6 +400,7 @@ class Metrics:
         self.calibration_platt.labels(param="b").set(stats.get("calibration_b", 0.0))
         self.calibration_platt.labels(param="d").set(stats.get("calibration_d", 0.0))
         self.drift_adapting.set(stats.get("adapting", 0.0))
+        self.allow_band_open.set(stats.get("allow_band_open", 1.0))
         if backpropagated:
             self.backpropagated.inc(backpropagated)
 

@@ -316,6 +316,9 @@ class Daemon:
             "trainer": {"alive": self.supervisor.alive(), "pid": self.supervisor.pid,
                         "restarts": self.supervisor.restarts},
             "cache": {"entries": len(cache), "hits": cache.hits, "misses": cache.misses},
+            # the band serving answers with: closed while the trainer's evidence does not
+            # back an allow yet (train.allow_band_after, train.allow_band_drift_hold)
+            "allow_band_open": bool(self.serving.calibration.allow_open),
             "backend": backend, "device": device, "preset": self.cfg.daemon.preset,
             "params": self.num_params, "uptime_s": time.time() - self.started,
             "gated_version": __version__, "config": self.cfg.to_dict()["train"],
@@ -382,8 +385,11 @@ class Daemon:
                     serving.calibration = Calibration(*info["calibration"])
                 return serving
         init = Model.init(model_cfg, seed=cfg.daemon.seed)
-        return Serving(model_cfg, init.ops.to_numpy(init.flat), 0, 0, backend=self.backend,
-                       bands=bands, cache_size=cfg.serving.cache_size)
+        serving = Serving(model_cfg, init.ops.to_numpy(init.flat), 0, 0, backend=self.backend,
+                          bands=bands, cache_size=cfg.serving.cache_size)
+        # nothing scored yet: no allow until the trainer's first publication says so
+        serving.calibration = Calibration(allow_open=cfg.train.allow_band_after == 0)
+        return serving
 
     # --- roles: what gated/cluster's EdgeDaemon and TrainerDaemon replace ------------------
     def _make_committer(self) -> Any:
@@ -443,6 +449,7 @@ class Daemon:
         self.store = Store(cfg.daemon.state_dir, replay_slots=cfg.train.replay_slots)
         self.num_params = num_params(param_layout(model_cfg))
         self.serving = self._initial_serving(model_cfg)
+        self.metrics.allow_band_open.set(float(bool(self.serving.calibration.allow_open)))
         self.batcher = MicroBatcher(self.serving, cfg.serving.batch_wait_ms / 1000.0,
                                     cfg.serving.batch_max, on_batch=self._on_batch)
         self.metrics.weights_version.set(self.serving.current.version)

@@ -31,9 +31,11 @@ class Bands:
     allow: float = 0.9
     block: float = 0.1
 
-    def of(self, p_allow: float) -> str:
+    def of(self, p_allow: float, allow_open: bool = True) -> str:
+        """The band of `p_allow`; with `allow_open` False (the trainer's evidence does not
+        yet back an allow: `Monitor.allow_band_open`) a would-be allow is `ask`."""
         if p_allow >= self.allow:
-            return "allow"
+            return "allow" if allow_open else "ask"
         if p_allow <= self.block:
             return "block"
         return "ask"
@@ -44,11 +46,13 @@ class Calibration:
     """p_allow = sigmoid(a z + d z_deep + b) over the gate logit z and its transformer
     part z_deep: Platt scaling with the transformer's share, fitted by the trainer on the
     progressive-validation stream (gated.online.calibration) and swapped in by one
-    reference assignment, like the weights."""
+    reference assignment, like the weights. `allow_open`: whether the same stream backs
+    answering `allow` yet (gated.online.monitor `Monitor.allow_band_open`)."""
 
     a: float = 1.0
     b: float = 0.0
     d: float = 0.0
+    allow_open: bool = True
 
     def __call__(self, z: np.ndarray, z_deep: np.ndarray | float = 0.0) -> np.ndarray:
         return platt_map(z, z_deep, self.a, self.b, self.d)
@@ -205,7 +209,11 @@ class Serving:
         return self.reply(float(p[0]), snap.version)
 
     def reply(self, p_allow: float, version: int) -> dict:
-        return {"p_allow": p_allow, "band": self.bands.of(p_allow), "version": version}
+        return {"p_allow": p_allow, "band": self.band(p_allow), "version": version}
+
+    def band(self, p_allow: float) -> str:
+        """The band serving answers for a calibrated `p_allow` now."""
+        return self.bands.of(p_allow, self.calibration.allow_open)
 
     def cached(self, context: str, history: Sequence[str] | None) -> dict | None:
         """The reply from the cache, or None (then ask the `MicroBatcher`)."""
@@ -222,7 +230,7 @@ class Serving:
             p = float(cal.of(np.array([np.log(p_raw) - np.log1p(-p_raw)]), src, snap.model)[0])
         else:
             p = p_raw
-        return {"p_allow": p, "band": self.bands.of(p), "reason": reason,
+        return {"p_allow": p, "band": self.band(p), "reason": reason,
                 "version": snap.version}
 
 

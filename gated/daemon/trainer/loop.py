@@ -87,11 +87,14 @@ class Trainer(GpuFallback, Publication, threading.Thread):
             window=settings.alignment_window, drift_delta=settings.drift_delta,
             drift_threshold=settings.drift_threshold,
             drift_adapt_signals=settings.drift_adapt_signals,
+            allow_band_after=settings.allow_band_after,
+            allow_band_drift_hold=settings.allow_band_drift_hold,
             transformer_share_prior=0.0 if self.wide_path.learner is not None else 1.0))
         self.window = self.monitor.window
-        #: (seq, calibrated p, raw logit, its transformer part) of each signal the last
-        #: step scored; the rest of the raw logit is the wide path's
-        self.last_scores: list[tuple[int, float, float, float]] = []
+        #: (seq, calibrated p, raw logit, its transformer part, whether the allow band was
+        #: open) of each signal the last step scored; the rest of the raw logit is the
+        #: wide path's
+        self.last_scores: list[tuple[int, float, float, float, bool]] = []
         self.status = TrainerStatus(step=step, version=version, last_trained_seq=last_trained_seq)
         self._wake = threading.Event()
         self._stop_event = threading.Event()
@@ -397,12 +400,13 @@ class Trainer(GpuFallback, Publication, threading.Thread):
         """
         s = self.settings
         sources = source_batch([(e["context"], e["history"]) for e in fresh], self.model.cfg)
+        allow_open = bool(self.serving.calibration.allow_open)  # the band they are served
         z, p, snap = self.serving.score_sources(sources)
         z_deep = z - snap.model.wide_logit(sources)
         self.wide_path.learn(sources, z_deep, fresh, self._wide_replay)
         hard: list[tuple[float, dict]] = []
         for zi, pi, zdi, ex in zip(z, p, z_deep, fresh, strict=True):
-            self.last_scores.append((ex["seq"], float(pi), float(zi), float(zdi)))
+            self.last_scores.append((ex["seq"], float(pi), float(zi), float(zdi), allow_open))
             began = self.monitor.observe(ex["seq"], ex["fp"], ex["feedback"], ex["label"],
                                          float(zi), float(pi), tool_of(ex["context"]),
                                          float(zdi) if self.wide_path.learner is not None else 0.0)
@@ -419,7 +423,7 @@ class Trainer(GpuFallback, Publication, threading.Thread):
                 # trained); ranking those first taught the transformer the noise. After a
                 # detected drift they are the new policy instead: then wrong first.
                 hard.append((p_label if self.monitor.adapting else abs(float(pi) - 0.5), ex))
-        cal = Calibration(*self.monitor.calibrator.params)
+        cal = Calibration(*self.monitor.calibrator.params, self.monitor.allow_band_open)
         if cal != self.serving.calibration:
             self.serving.calibration = cal
         return hard

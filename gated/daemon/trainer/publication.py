@@ -130,7 +130,8 @@ class Publication:
         host = self._host_copy(self.model.flat)
         cal = self.serving.calibration
         self.store.publish(version, host, step=self.status.step, keep=KEEP_VERSIONS,
-                           extra={"calibration": [float(cal.a), float(cal.b), float(cal.d)]})
+                           extra={"calibration": [float(cal.a), float(cal.b), float(cal.d),
+                                                  bool(cal.allow_open)]})
         self.status.version = version
         self.status.swaps += 1
         if judge:

@@ -39,5 +39,6 @@ def build_trainer(store, model_cfg: ModelConfig, settings: TrainConfig, *, seed:
                       events=events, seed=seed)
     trainer.window.load(window)
     trainer.monitor.load(monitor)
-    serving.calibration = Calibration(*trainer.monitor.calibrator.params)
+    serving.calibration = Calibration(*trainer.monitor.calibrator.params,
+                                      trainer.monitor.allow_band_open)
     return trainer, serving
