@@ -210,6 +210,31 @@ def test_the_allow_band_waits_for_evidence_and_holds_after_a_drift():
     assert fresh.allow_band_open
 
 
+def test_the_allow_bands_guard_closes_it_when_the_gate_blocks_what_it_would_allow():
+    """A policy change that blocks calls the model still puts in the allow band: the
+    band's own guard (the gate's blocks among those calls) closes it within tens of
+    signals, before the detector on every call; calls outside the band do not feed it."""
+    s = MonitorSettings(allow_band_after=0, allow_band_drift_hold=100)
+    mon = Monitor(s)
+    rng = random.Random(5)
+    fp = b"y" * 16
+    closed_at = None
+    for seq in range(1, 1400):
+        changed = seq > 1000
+        if seq % 2:  # a call outside the band (p 0.2), blocked: never counted by the guard
+            mon.observe(seq, fp, None, 0.0, -1.4, 0.2)
+            continue
+        blocked = rng.random() < (0.35 if changed else 0.05)
+        mon.observe(seq, fp, None, 0.0 if blocked else 1.0, 3.0, 0.95)
+        if not mon.allow_band_open:
+            closed_at = seq
+            break
+        assert changed or mon.stats()["allow_guard_alarms"] == 0, seq  # no false alarm
+    assert closed_at is not None and 1000 < closed_at <= 1100, closed_at
+    assert mon.stats()["allow_guard_alarms"] == 1.0 and mon.drift.detections == 0
+    assert mon.state()["allow_hold_left"] == 100
+
+
 def test_a_closed_allow_band_answers_ask_and_leaves_the_others():
     bands = Bands(allow=0.9, block=0.1)
     assert [bands.of(p) for p in (0.95, 0.5, 0.05)] == ["allow", "ask", "block"]

@@ -277,6 +277,7 @@ class EdgeDaemon(NatsRole, Daemon):
             # What Serving.swap does, with the snapshot already built and warmed up.
             if cal is not None:
                 self.serving.calibration = cal
+                self.metrics.allow_band_open.set(float(bool(cal.allow_open)))
             self.serving.current = snap
             self.serving.cache.clear()
             self.metrics.swapped(d.version)

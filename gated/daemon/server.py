@@ -414,7 +414,8 @@ class Daemon:
         return TrainerSpec(state_dir=cfg.daemon.state_dir, preset=cfg.daemon.preset,
                            train=cfg.train, retention=cfg.retention, seed=cfg.daemon.seed,
                            backend=self.backend, reinit=self.reinit, threads=threads,
-                           nice=cfg.daemon.trainer_nice, log_level=cfg.daemon.log_level)
+                           nice=cfg.daemon.trainer_nice, log_level=cfg.daemon.log_level,
+                           bands_allow=cfg.bands.allow)
 
     async def run(self) -> int:
         faulthandler.enable()

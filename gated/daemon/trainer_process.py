@@ -56,6 +56,8 @@ class TrainerSpec:
     threads: int
     nice: int
     log_level: str
+    #: `bands.allow` at the start: where the allow band's guard counts a call in the band
+    bands_allow: float = 0.9
 
 
 def trainer_status(trainer: Any) -> dict[str, Any]:
@@ -206,6 +208,7 @@ def run_trainer(spec: TrainerSpec, conn: Any, wake: Any) -> None:
 
     from ..engine import ModelConfig
     from ..store import Store
+    from .serving import Bands
     from .trainer import GPU_BACKENDS, build_trainer
 
     if spec.backend in GPU_BACKENDS:
@@ -214,7 +217,7 @@ def run_trainer(spec: TrainerSpec, conn: Any, wake: Any) -> None:
     events = PipeEvents(conn)
     trainer, _ = build_trainer(store, ModelConfig.preset(spec.preset), spec.train,
                                seed=spec.seed, backend=spec.backend, events=events,
-                               reinit=spec.reinit)
+                               reinit=spec.reinit, serving_bands=Bands(allow=spec.bands_allow))
     trainer.retention = spec.retention
     events.trainer = trainer
 

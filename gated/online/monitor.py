@@ -8,6 +8,7 @@ now", "did the policy change" and "what calibration should serving use".
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from dataclasses import dataclass
 
@@ -18,6 +19,8 @@ from .calibration import PlattCalibrator, brier_score, expected_calibration_erro
 from .drift import PageHinkley
 from .per_tool import PerTool
 from .progressive import AlignmentWindow, CorrectedAlignment
+
+log = logging.getLogger("gated.trainer")
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,13 @@ class MonitorSettings:
     allow_band_after: int = 500
     #: ... and for this many scored signals after a detected policy change
     allow_band_drift_hold: int = 300
+    #: p_allow from which a call is in the allow band (`bands.allow` at the trainer's start)
+    allow_band_p: float = 0.9
+    #: the allow band's own guard: Page-Hinkley on "the gate said block" among the calls
+    #: in the allow band (docs/learning.md "The allow band waits for evidence")
+    allow_guard_delta: float = 0.05
+    allow_guard_threshold: float = 5.0
+    allow_guard_min_samples: int = 50
     #: the transformer's share of the served logit before a calibration fit gives it one
     #: (online/calibration.py): 0 when a wide path decides alone at first
     transformer_share_prior: float = 1.0
@@ -54,6 +64,8 @@ class Monitor:
                                           share_prior=s.transformer_share_prior,
                                           burn_in=s.calibration_burn_in)
         self.drift = PageHinkley(s.drift_delta, s.drift_threshold, s.drift_min_samples)
+        self.allow_guard = PageHinkley(s.allow_guard_delta, s.allow_guard_threshold,
+                                       s.allow_guard_min_samples, memory=200)
         self.per_tool = PerTool()
         self._recent: deque[tuple[float, float]] = deque(maxlen=s.window)  # (p_cal, label)
         self._seqs: deque[int] = deque(maxlen=20_000)  # seq of each drift observation
@@ -78,6 +90,8 @@ class Monitor:
             self.corrected.add(fingerprint, p, label)
         self._recent.append((p, label))
         self.calibrator.update(z, label, fingerprint, z_deep)
+        if p >= self.settings.allow_band_p:
+            self._guard_allow_band(label)
         self._seqs.append(seq)
         self._run += 1
         start = self.drift.update(float((p < 0.5) != (label < 0.5)))
@@ -90,7 +104,8 @@ class Monitor:
         self._seqs.clear()
         self._run = 0
         self.adapt_until = self.window.total_scored + self.settings.drift_adapt_signals
-        self.allow_hold_until = self.window.total_scored + self.settings.allow_band_drift_hold
+        self.allow_hold_until = max(self.allow_hold_until, self.window.total_scored
+                                    + self.settings.allow_band_drift_hold)
         self.last_drift_seq = began
         return began
 
@@ -99,13 +114,28 @@ class Monitor:
         """True for `drift_adapt_signals` signals after a detected drift."""
         return self.window.total_scored < self.adapt_until
 
+    def _guard_allow_band(self, label: float) -> None:
+        """One call in the allow band: did the gate say block? A rise of that rate (a
+        policy change that blocks what used to pass, seen by the gate first) closes the
+        allow band for `allow_band_drift_hold` signals. The error-stream detector above
+        sees it too, but later: it watches every call, and its alarm came after most of
+        the wrong allows (docs/learning.md)."""
+        if self.allow_guard.update(float(label < 0.5)) is not None:
+            hold = self.settings.allow_band_drift_hold
+            self.allow_hold_until = max(self.allow_hold_until, self.window.total_scored + hold)
+            log.warning("allow band closed for the next %d signals: the gate blocked more of "
+                        "the calls gated would allow than before (allow-band guard, "
+                        "Page-Hinkley); those are answered 'ask' meanwhile, nothing is lost",
+                        hold)
+
     @property
     def allow_band_open(self) -> bool:
         """May serving answer `allow` at all? Not before progressive validation has scored
         `allow_band_after` fresh signals (counted by the calibrator, which keeps its count
         across restarts), nor for `allow_band_drift_hold` signals after a detected policy
-        change. Why (measured, docs/learning.md "The allow band waits for evidence"): in
-        its first 500 signals flint put 11-18 calls the TRUE policy blocks in the allow
+        change or an alarm of the allow band's own guard (`_guard_allow_band`). Why
+        (measured, docs/learning.md "The allow band waits for evidence"): in its first 500
+        signals flint put 11-18 calls the TRUE policy blocks in the allow
         band with p 0.90-0.999 (a credential read at signal 33, p 0.991), the allow band's
         precision there ~0.96 against >= 0.998 afterwards. Closed, those calls are
         answered `ask`; p_allow itself is unchanged."""
@@ -123,11 +153,13 @@ class Monitor:
                 "calibration_d": self.calibrator.d,
                 "drift_detections": float(self.drift.detections),
                 "adapting": float(self.adapting),
-                "allow_band_open": float(self.allow_band_open)}
+                "allow_band_open": float(self.allow_band_open),
+                "allow_guard_alarms": float(self.allow_guard.detections)}
 
     def state(self) -> dict:
         return {"corrected": self.corrected.dump(), "calibrator": self.calibrator.state(),
-                "drift": self.drift.state(), "recent": [list(r) for r in self._recent],
+                "drift": self.drift.state(), "allow_guard": self.allow_guard.state(),
+                "recent": [list(r) for r in self._recent],
                 "per_tool": self.per_tool.state(),
                 "adapt_left": max(0, self.adapt_until - self.window.total_scored),
                 "allow_hold_left": max(0, self.allow_hold_until - self.window.total_scored)}
@@ -138,6 +170,7 @@ class Monitor:
         self.corrected.load(state.get("corrected", []))
         self.calibrator.load(state.get("calibrator"))
         self.drift.load(state.get("drift"))
+        self.allow_guard.load(state.get("allow_guard"))
         self.per_tool.load(state.get("per_tool"))
         self._recent.extend(tuple(r) for r in state.get("recent", []))
         self.adapt_until = self.window.total_scored + int(state.get("adapt_left", 0))

@@ -89,6 +89,7 @@ class Trainer(GpuFallback, Publication, threading.Thread):
             drift_adapt_signals=settings.drift_adapt_signals,
             allow_band_after=settings.allow_band_after,
             allow_band_drift_hold=settings.allow_band_drift_hold,
+            allow_band_p=serving.bands.allow,
             transformer_share_prior=0.0 if self.wide_path.learner is not None else 1.0))
         self.window = self.monitor.window
         #: (seq, calibrated p, raw logit, its transformer part, whether the allow band was
