@@ -517,7 +517,8 @@ def summary(r: dict) -> list[str]:
         f"{r['brier_true']:.3f}, allow-band precision {r['allow_band_precision']:.4f} "
         f"({100 * r['allow_band_share']:.0f}% of calls in the allow band)",
         "- the allow band, TRUE blocks answered `allow` / calls answered `allow`, as served "
-        "(closed until {} scored and for {} after a drift alarm) and [with the band always "
+        "(closed until {} scored and for {} after an alarm of the drift detector or the allow "
+        "band's guard) and [with the band always "
         "open]: ".format(*r["allow_band_wait"])
         + "; ".join(f"{k} {a} / {b} [{c} / {d}] of {n}"
                     for k, (a, b, c, d, n) in r["allow_band_phases"].items()),
