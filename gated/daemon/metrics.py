@@ -183,8 +183,9 @@ class Metrics:
         self.allow_band_open = Gauge("gated_allow_band_open", "1 when serving may answer "
                                      "`allow`; 0 until progressive validation has scored "
                                      "train.allow_band_after signals and for "
-                                     "train.allow_band_drift_hold after a detected drift "
-                                     "(would-be allows are answered `ask`)", registry=r)
+                                     "train.allow_band_drift_hold after an alarm of the "
+                                     "drift detector or the allow band's guard (would-be "
+                                     "allows are answered `ask`)", registry=r)
         self.replay_dropped = Counter("gated_replay_dropped", "Replay examples dropped "
                                       "because a detected drift made their labels stale",
                                       registry=r)
