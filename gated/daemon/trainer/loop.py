@@ -424,10 +424,15 @@ class Trainer(GpuFallback, Publication, threading.Thread):
                 # trained); ranking those first taught the transformer the noise. After a
                 # detected drift they are the new policy instead: then wrong first.
                 hard.append((p_label if self.monitor.adapting else abs(float(pi) - 0.5), ex))
-        cal = Calibration(*self.monitor.calibrator.params, self.monitor.allow_band_open)
+        cal = self.served_calibration()
         if cal != self.serving.calibration:
             self.serving.calibration = cal
         return hard
+
+    def served_calibration(self) -> Calibration:
+        """What serving should apply now: the monitor's Platt map and whether its
+        progressive validation backs answering `allow` (`Monitor.allow_band_open`)."""
+        return Calibration(*self.monitor.calibrator.params, self.monitor.allow_band_open)
 
     def _wide_replay(self, n: int) -> tuple[list[dict], dict]:
         """`n` examples from the replay reservoir for the wide path to learn again

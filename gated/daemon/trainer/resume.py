@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ...config import TrainConfig
 from ...engine import Model, ModelConfig
-from ..serving import Calibration, Serving
+from ..serving import Serving
 from .loop import Trainer
 
 
@@ -39,6 +39,5 @@ def build_trainer(store, model_cfg: ModelConfig, settings: TrainConfig, *, seed:
                       events=events, seed=seed)
     trainer.window.load(window)
     trainer.monitor.load(monitor)
-    serving.calibration = Calibration(*trainer.monitor.calibrator.params,
-                                      trainer.monitor.allow_band_open)
+    serving.calibration = trainer.served_calibration()
     return trainer, serving
