@@ -103,6 +103,28 @@ def test_bands_are_the_configured_thresholds_of_p_allow_and_reload(tmp_path):
         assert d.stop() == 0
 
 
+def test_a_reload_of_bands_allow_reaches_the_allow_band_guard(tmp_path):
+    """The allow band's guard runs in the trainer process; a reload of `bands.allow` in the
+    file moves it to the band serving now answers (status `learning.allow_guard_band`,
+    which the trainer reports with the signals it scores)."""
+    path = tmp_path / "gated.toml"
+    path.write_text(QUIET + "[bands]\nallow = 0.9\nblock = 0.1\n")
+    d = start(tmp_path, config=path)
+    more = iter(_signals(200, seed=1))
+    try:
+        with d.client() as c:
+            c.signals(_signals(5))
+            st = wait_until(lambda: (s := c.status())["scored"] == 5 and s, what="5 scored")
+            assert st["learning"]["allow_guard_band"] == 0.9
+            path.write_text(QUIET + "[bands]\nallow = 0.75\nblock = 0.1\n")
+            # one more signal per look, so the trainer reports after the reload landed
+            wait_until(lambda: c.signals([next(more)]) is not None
+                       and c.status()["learning"]["allow_guard_band"] == 0.75,
+                       what="the trainer's guard to watch bands.allow 0.75", interval=0.5)
+    finally:
+        assert d.stop() == 0
+
+
 def test_the_allow_band_opens_once_enough_signals_are_scored(tmp_path):
     """A fresh daemon answers `ask` where p_allow is in the allow band until progressive
     validation has scored train.allow_band_after signals, then `allow`; p_allow itself is

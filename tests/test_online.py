@@ -235,6 +235,24 @@ def test_the_allow_bands_guard_closes_it_when_the_gate_blocks_what_it_would_allo
     assert mon.state()["allow_hold_left"] == 100
 
 
+def test_a_reloaded_bands_allow_moves_the_guard_and_restarts_its_test():
+    """After `bands.allow` is reloaded the guard counts the calls of the new band (p 0.85
+    is in it at 0.8, not at 0.9) and its Page-Hinkley test starts over: the old band's
+    rate of blocks is no baseline for a wider band. The same value again changes nothing."""
+    mon = Monitor(MonitorSettings(allow_band_after=0))
+    fp = b"z" * 16
+    mon.observe(1, fp, None, 1.0, 3.0, 0.95)  # in the band at 0.9: counted
+    mon.observe(2, fp, None, 0.0, 1.7, 0.85)  # not in it
+    assert mon.allow_guard.n == 1
+    mon.watch_allow_band(0.9)  # unchanged: nothing restarts
+    assert mon.allow_guard.n == 1
+    mon.watch_allow_band(0.8)
+    assert mon.allow_guard.n == 0 and mon.stats()["allow_guard_band"] == 0.8
+    mon.observe(3, fp, None, 0.0, 1.7, 0.85)  # now in the band
+    mon.observe(4, fp, None, 1.0, -1.4, 0.2)
+    assert mon.allow_guard.n == 1 and mon.allow_guard.mean == 1.0
+
+
 def test_a_closed_allow_band_answers_ask_and_leaves_the_others():
     bands = Bands(allow=0.9, block=0.1)
     assert [bands.of(p) for p in (0.95, 0.5, 0.05)] == ["allow", "ask", "block"]

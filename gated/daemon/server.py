@@ -332,7 +332,7 @@ class Daemon:
         self.access = access                           # changes
         self.cfg = new
         logging.getLogger().setLevel(new.daemon.log_level)
-        self.supervisor.update(new.train, new.retention)
+        self.supervisor.update(new.train, new.retention, new.bands.allow)
         self.serving.bands = Bands(new.bands.allow, new.bands.block)
         self.committer.set_weights(weight_table(new))
         self.trust.apply_config(new)

@@ -62,11 +62,16 @@ class TrainerSupervisor:
         except (BlockingIOError, OSError, ValueError):
             pass
 
-    def update(self, train: TrainConfig, retention: RetentionConfig) -> None:
+    def update(self, train: TrainConfig, retention: RetentionConfig,
+               bands_allow: float | None = None) -> None:
         """A config reload: the running trainer applies it at its next step, and a
-        restarted one starts with it."""
-        self.spec = replace(self.spec, train=train, retention=retention)
-        self._send(("settings", train, retention))
+        restarted one starts with it. `bands_allow` (the reloaded `bands.allow`) moves the
+        allow band's guard to the band serving now answers."""
+        if bands_allow is None:
+            bands_allow = self.spec.bands_allow
+        self.spec = replace(self.spec, train=train, retention=retention,
+                            bands_allow=bands_allow)
+        self._send(("settings", train, retention, bands_allow))
 
     def rollback(self, version: int, pause: bool) -> None:
         """An operator's rollback, applied by the trainer at its next iteration."""

@@ -12,11 +12,11 @@ Talking to the daemon, over two pipes the supervisor made:
 - `wake` (daemon -> trainer): one small message after each group commit: "signals are in
   the log". The trainer reads the log itself (after its last trained sequence number);
   the pipe only ends its wait, so the trainer never polls.
-- `conn` (both ways): the daemon sends ("settings", TrainConfig, RetentionConfig) on a
-  config reload and ("stop",) at shutdown; the trainer sends every TrainerEvents hook as
-  (name, payload, status) -- "swap" means a new version is published in LMDB, which the
-  daemon then loads (LMDB MVCC: never a partial read). `status` is the trainer's status
-  for the `status` op and the metrics.
+- `conn` (both ways): the daemon sends ("settings", TrainConfig, RetentionConfig,
+  bands.allow) on a config reload and ("stop",) at shutdown; the trainer sends every
+  TrainerEvents hook as (name, payload, status) -- "swap" means a new version is
+  published in LMDB, which the daemon then loads (LMDB MVCC: never a partial read).
+  `status` is the trainer's status for the `status` op and the metrics.
 
 The trainer stops on ("stop",), on SIGTERM/SIGINT (systemd signals the whole cgroup), and
 when the daemon goes away (the pipe's EOF, and PR_SET_PDEATHSIG as a backstop): it skips
@@ -56,7 +56,8 @@ class TrainerSpec:
     threads: int
     nice: int
     log_level: str
-    #: `bands.allow` at the start: where the allow band's guard counts a call in the band
+    #: `bands.allow`: where the allow band's guard counts a call in the band (a reload
+    #: sends the new value with the settings)
     bands_allow: float = 0.9
 
 
@@ -163,7 +164,7 @@ def _listen(trainer: Any, conn: Any, wake: Any) -> None:
             msg = conn.recv()
             if msg[0] == "settings":
                 trainer.retention = msg[2]
-                trainer.update_settings(msg[1])
+                trainer.update_settings(msg[1], bands_allow=msg[3])
             elif msg[0] == "stop":
                 trainer.stop(drain=False)
             elif msg[0] == "rollback":

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -40,7 +40,8 @@ class MonitorSettings:
     allow_band_after: int = 500
     #: ... and for this many scored signals after a detected policy change
     allow_band_drift_hold: int = 300
-    #: p_allow from which a call is in the allow band (`bands.allow` at the trainer's start)
+    #: p_allow from which a call is in the allow band (`bands.allow`; a reload of it reaches
+    #: the guard through `Monitor.watch_allow_band`)
     allow_band_p: float = 0.9
     #: the allow band's own guard: Page-Hinkley on "the gate said block" among the calls
     #: in the allow band (docs/learning.md "The allow band waits for evidence")
@@ -126,6 +127,21 @@ class Monitor:
                         "Page-Hinkley); those are answered 'ask' meanwhile, nothing is lost",
                         self.settings.allow_band_drift_hold)
 
+    def watch_allow_band(self, allow_band_p: float) -> None:
+        """`bands.allow` was reloaded: the guard watches the calls from `allow_band_p` on.
+        Its Page-Hinkley test starts over, because the rate it learned ("the gate said
+        block" among the old band's calls) is not the new band's: a wider band holds more
+        doubtful calls, and comparing them with the old baseline would be a false alarm
+        (the band closed for `allow_band_drift_hold` signals for nothing). A hold in force
+        is kept."""
+        if allow_band_p == self.settings.allow_band_p:
+            return
+        log.info("the allow band's guard now watches calls with p_allow >= %.3g (was %.3g; "
+                 "bands.allow reloaded); its test starts over", allow_band_p,
+                 self.settings.allow_band_p)
+        self.settings = replace(self.settings, allow_band_p=allow_band_p)
+        self.allow_guard.reset()
+
     def _hold_allow_band(self) -> None:
         """Close the allow band for the next `allow_band_drift_hold` scored signals (an
         alarm during a hold extends it, never shortens it)."""
@@ -158,7 +174,8 @@ class Monitor:
                 "drift_detections": float(self.drift.detections),
                 "adapting": float(self.adapting),
                 "allow_band_open": float(self.allow_band_open),
-                "allow_guard_alarms": float(self.allow_guard.detections)}
+                "allow_guard_alarms": float(self.allow_guard.detections),
+                "allow_guard_band": self.settings.allow_band_p}
 
     def state(self) -> dict:
         return {"corrected": self.corrected.dump(), "calibrator": self.calibrator.state(),
