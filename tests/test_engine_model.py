@@ -168,12 +168,14 @@ def test_flat_layout_views_and_init():
     assert np.all(model.params["wide.pair_hist"] == 0)  # so does its pair term's product...
     init, rows = model.cfg.wide_pair_init, model.cfg.pair_destination_rows
     call, dest = np.split(model.params["wide.pair_call"], [-rows])  # ...of one side (but
-    assert rows == 1024 // 16 and len(call) == 1024 and np.all(dest == 0)  # its dest rows)
+    assert rows == 1024 // 16 and len(call) == 1024 and np.all(dest[:, 1:] == 0)  # its
+    assert np.all(dest[:, 0] == np.float32(init))  # destination rows: the shared factor only)
     assert np.all(call[:, 0] == np.float32(init))  # its first factor shared by every call,
     assert abs(float(call[:, 1:].std()) - init) < 0.1 * init  # the others random
     unshared = Model.init(dataclasses.replace(model.cfg, wide_pair_init_shared=False), seed=0)
     assert abs(float(unshared.params["wide.pair_call"][:-rows, 0].std()) - init) < 0.1 * init
     np.testing.assert_array_equal(unshared.params["wide.pair_call"][:-rows, 1:], call[:, 1:])
+    assert np.all(unshared.params["wide.pair_call"][-rows:] == 0)  # nothing shared: silent
     without = Model.init(dataclasses.replace(model.cfg, wide_pair_destination_share=0.0),
                          seed=0)  # without the rows: the site's rows are the same
     np.testing.assert_array_equal(without.params["wide.pair_call"], call)

@@ -728,7 +728,9 @@ def test_the_destination_rows_learn_only_allow_from_a_first_look():
     dest, site = c[c >= learner.destination_from], c[c < learner.destination_from]
     assert len(dest) == 1 and len(site) == 3
     table, sums = learner.pair[0], learner.pair[1]
-    assert np.all(table[dest] == 0)  # it starts silent
+    # it starts with no factor of its own: the shared one only, as every call row
+    assert np.all(table[dest][:, 1:] == 0)
+    np.testing.assert_allclose(table[dest][:, 0], wide.cfg.wide_pair_init, rtol=1e-6)
     learner.learn(idx, val, z_rest, 1.0, 1.0, pair)  # an allow: the history side moves
     for label, weight, hold, steps in ((0.0, 1.0, 3.0, False), (0.0, 4.0, 3.0, True),
                                        (0.0, 1.0, 0.0, True), (1.0, 1.0, 3.0, True)):

@@ -135,10 +135,17 @@ def init_flat(layout: list[tuple[str, Shape]], seed: int, pair_init: float = 0.1
                 # depended on the seed (docs/learning.md, "The pair term's shared factor").
                 chunk.reshape(s.shape)[:, 0] = pair_init
             if pair_zero_rows:
-                # the destination keys' rows (`ModelConfig.pair_destination_rows`)
-                # start silent: a destination says nothing until it has learned "allow";
-                # drawn and then zeroed, so every other row keeps its value
-                chunk.reshape(s.shape)[-pair_zero_rows:] = 0.0
+                # the destination keys' rows (`ModelConfig.pair_destination_rows`) have no
+                # factor of their own at first: a destination says nothing of its own
+                # until it has learned "allow"; drawn and then zeroed, so every other row
+                # keeps its value. With `pair_shared` they keep the shared factor, as
+                # every call row: an upload after a secret read to a host never seen
+                # then gets the history rule's "block" of the shared factor twice over
+                # (measured: docs/learning.md, "The destination rows' shared factor")
+                rows = chunk.reshape(s.shape)[-pair_zero_rows:]
+                rows[:] = 0.0
+                if pair_shared:
+                    rows[:, 0] = pair_init
         elif len(s.shape) == 2:
             chunk[:] = rng.normal(0.0, MATRIX_STD, size=s.size)
         elif leaf == "g":
