@@ -63,12 +63,10 @@ class TrainerSupervisor:
             pass
 
     def update(self, train: TrainConfig, retention: RetentionConfig,
-               bands_allow: float | None = None) -> None:
+               bands_allow: float) -> None:
         """A config reload: the running trainer applies it at its next step, and a
         restarted one starts with it. `bands_allow` (the reloaded `bands.allow`) moves the
         allow band's guard to the band serving now answers."""
-        if bands_allow is None:
-            bands_allow = self.spec.bands_allow
         self.spec = replace(self.spec, train=train, retention=retention,
                             bands_allow=bands_allow)
         self._send(("settings", train, retention, bands_allow))

@@ -139,13 +139,11 @@ def init_flat(layout: list[tuple[str, Shape]], seed: int, pair_init: float = 0.1
                 # factor of their own at first: a destination says nothing of its own
                 # until it has learned "allow"; drawn and then zeroed, so every other row
                 # keeps its value. With `pair_shared` they keep the shared factor, as
-                # every call row: an upload after a secret read to a host never seen
-                # then gets the history rule's "block" of the shared factor twice over
-                # (measured: docs/learning.md, "The destination rows' shared factor")
-                rows = chunk.reshape(s.shape)[-pair_zero_rows:]
-                rows[:] = 0.0
-                if pair_shared:
-                    rows[:, 0] = pair_init
+                # every call row does: an upload after a secret read to a host never seen
+                # gets the history rule's "block" from its destination row too (measured:
+                # docs/learning.md, "The destination rows' shared factor")
+                own = 1 if pair_shared else 0  # the first column of their own factors
+                chunk.reshape(s.shape)[-pair_zero_rows:, own:] = 0.0
         elif len(s.shape) == 2:
             chunk[:] = rng.normal(0.0, MATRIX_STD, size=s.size)
         elif leaf == "g":
