@@ -101,8 +101,8 @@ class Trainer(GpuFallback, Publication, threading.Thread):
         self._stop_event = threading.Event()
         self._drain_deadline = float("inf")
         self._settings_lock = threading.Lock()
-        self._pending_settings: TrainConfig | None = None
-        self._pending_bands_allow: float | None = None
+        #: a reload's (train settings, bands.allow), applied at the next step boundary
+        self._pending_settings: tuple[TrainConfig, float] | None = None
         self._pending_rollback: tuple[int, bool] | None = None
         self.paused = False  # an operator's rollback --pause, until resume
         self.retention = None  # a config.RetentionConfig; the daemon sets and reloads it
@@ -173,14 +173,12 @@ class Trainer(GpuFallback, Publication, threading.Thread):
         self._stop_event.set()
         self._wake.set()
 
-    def update_settings(self, settings: TrainConfig, bands_allow: float | None = None) -> None:
-        """Hot reload: applied by the trainer thread at its next step boundary. With
-        `bands_allow` (the reloaded `bands.allow`) the allow band's guard watches the calls
-        from that p_allow on (`Monitor.watch_allow_band`), as serving answers them."""
+    def update_settings(self, settings: TrainConfig, bands_allow: float) -> None:
+        """Hot reload: applied by the trainer thread at its next step boundary. The allow
+        band's guard then watches the calls from `bands_allow` (the reloaded `bands.allow`)
+        on, as serving answers them (`Monitor.watch_allow_band`)."""
         with self._settings_lock:
-            self._pending_settings = settings
-            if bands_allow is not None:
-                self._pending_bands_allow = bands_allow
+            self._pending_settings = (settings, bands_allow)
         self._wake.set()
 
     def request_rollback(self, version: int, pause: bool) -> None:
@@ -270,12 +268,10 @@ class Trainer(GpuFallback, Publication, threading.Thread):
         while True:
             with self._settings_lock:
                 pending, self._pending_settings = self._pending_settings, None
-                bands_allow, self._pending_bands_allow = self._pending_bands_allow, None
                 rollback, self._pending_rollback = self._pending_rollback, None
             if pending is not None:
-                self.apply_settings(pending)
-            if bands_allow is not None:
-                self.monitor.watch_allow_band(bands_allow)
+                self.apply_settings(pending[0])
+                self.monitor.watch_allow_band(pending[1])
             if rollback is not None:
                 self._apply_rollback(*rollback)
             s = self.settings
