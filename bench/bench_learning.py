@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from anchor import HashedNgramLR, anchor_text, label_weight  # noqa: E402
 
 from gated.config import TrainConfig  # noqa: E402
-from gated.daemon.trainer import build_trainer  # noqa: E402
+from gated.daemon.trainer import TrainerEvents, build_trainer  # noqa: E402
 from gated.engine import ModelConfig, source_batch  # noqa: E402
 from gated.online import brier_score, expected_calibration_error  # noqa: E402
 from gated.store import Store  # noqa: E402
@@ -180,6 +180,7 @@ def run(preset: str, lr: float, rate: float, n_signals: int, switch_at: int, see
     with tempfile.TemporaryDirectory(prefix="gated-learn-") as tmp:
         store = Store(tmp)
         trainer, serving = build_trainer(store, cfg, settings, seed=seed, backend=backend)
+        trainer.events = drifts = DriftLog()
         events: dict[int, object] = {}  # seq -> Event
         anchor_p: dict[int, float] = {}  # seq -> the anchor's p_allow before it learned it
         scored: list[tuple[float, bool]] = []  # gated (p, true_allow), ordinary signals
@@ -333,7 +334,18 @@ def run(preset: str, lr: float, rate: float, n_signals: int, switch_at: int, see
             "allow_band_phases": _allow_band_phases(scored, served_open, switch_index,
                                                     serving.bands.allow),
             "allow_band_wait": (settings.allow_band_after, settings.allow_band_drift_hold),
-            "switch_at": switch_at, "trained_steps": trained_examples}
+            "switch_at": switch_at, "trained_steps": trained_examples,
+            "drifts": drifts.verdicts}
+
+
+class DriftLog(TrainerEvents):
+    """The drift alarms' verdicts: (change estimated at, confirmed, replay dropped)."""
+
+    def __init__(self) -> None:
+        self.verdicts: list[tuple[int, bool, int]] = []
+
+    def on_drift_verdict(self, began_seq: int, confirmed: bool, dropped: int) -> None:
+        self.verdicts.append((began_seq, confirmed, dropped))
 
 
 def _allow_band_phases(scored: list[tuple[float, bool]], served_open: list[bool],
@@ -524,6 +536,11 @@ def summary(r: dict) -> list[str]:
                     for k, (a, b, c, d, n) in r["allow_band_phases"].items()),
         f"- keeping up: {r['steps']} steps in {r['virtual_s']} s of virtual time, queue max "
         f"{r['max_queue']}, at the end {r['final_queue']} signals",
+        "- drift alarms (signal where the change began, by the estimate; verdict after the "
+        "corrections of the wait): " + (", ".join(
+            f"{b:,} " + (f"confirmed, {d:,} replay examples dropped" if c
+                         else "withdrawn, replay kept") for b, c, d in r.get("drifts", []))
+            or "none"),
     ]
 
 

@@ -178,6 +178,85 @@ def test_monitor_reports_drift_with_the_signal_where_it_began():
     assert mon.stats()["drift_detections"] == 1.0 and at > began
 
 
+def test_first_alarm_is_the_streaming_tests_alarm_vectorised():
+    """`PageHinkley.first_alarm` (the recheck's rerun) alarms where `update` would."""
+    for seed in range(6):
+        rng = random.Random(seed)
+        stream = _errors(rng, 0.04, 700 + 100 * seed) + _errors(rng, 0.2 + 0.03 * seed, 400)
+        ph = PageHinkley()
+        streaming = next((i for i, e in enumerate(stream) if ph.update(e) is not None), None)
+        assert streaming is not None and PageHinkley().first_alarm(stream) == streaming, seed
+    quiet = _errors(random.Random(7), 0.05, 3000)
+    assert PageHinkley().first_alarm(quiet) is None
+    assert PageHinkley().first_alarm([1.0] * 150) is None  # before min_samples, never
+
+
+def _burst_then(mon: Monitor, rng: random.Random, *, policy_change: bool,
+                corrected: float) -> tuple[int, int]:
+    """800 calls the model gets right under a gate wrong 3% of the time, then either a
+    policy change (from 800 on, 30% of the labels flip and stand: the model contradicts
+    them) or a bad spell of the gate (wrong on 15% of the calls 800-1099, the model right).
+    A person corrects `corrected` of the gate's mistakes 5-45 signals later (a signal of
+    the same call); a policy change's labels are not mistakes. Returns (the seq of the
+    first alarm, the seq by which it was decided)."""
+    due: dict[int, list[bytes]] = {}
+    alarm = decided = 0
+    for seq in range(1, 1400):
+        fp = seq.to_bytes(16, "big")
+        changed = policy_change and seq >= 800 and rng.random() < 0.3
+        mistake = rng.random() < (0.15 if not policy_change and 800 <= seq < 1100 else 0.03)
+        if mistake and rng.random() < corrected:
+            due.setdefault(seq + rng.randint(5, 45), []).append(fp)
+        label = 0.0 if changed != mistake else 1.0
+        if mon.observe(seq, fp, None, label, 2.0, 0.9) is not None and not alarm:
+            alarm = seq
+        for fix in due.pop(seq, []):  # a person: that call was fine
+            mon.observe(seq, fix, "false_positive", 1.0, 2.0, 0.9)
+        if alarm and not decided and not mon.drift_pending:
+            decided = seq
+    return alarm, decided
+
+
+def test_a_bad_spell_of_the_gate_is_withdrawn_a_policy_change_confirmed():
+    """The alarm waits `drift_confirm_signals` observations, then reruns the test on the
+    corrected labels: the gate's mistakes, corrected since, no longer rise (withdrawn:
+    adaptation ends, the drift's allow-band hold is lifted); a policy change's labels
+    stand (confirmed); so do uncorrected mistakes (nothing says they were wrong)."""
+    s = MonitorSettings(allow_band_after=0, allow_band_drift_hold=300, drift_confirm_signals=50)
+    for seed in range(4):
+        mon = Monitor(s)
+        alarm, decided = _burst_then(mon, random.Random(seed), policy_change=False,
+                                     corrected=0.8)
+        assert 800 < alarm < 1100 and decided > alarm, seed
+        verdicts = mon.take_verdicts()
+        assert len(verdicts) == 1 and not verdicts[0][1], (seed, verdicts)
+        assert abs(verdicts[0][0] - 800) < 100
+        assert mon.stats()["drift_withdrawn"] == 1.0 and mon.stats()["drift_detections"] == 1.0
+        assert not mon.adapting and mon.allow_band_open
+        changed = Monitor(s)
+        alarm, decided = _burst_then(changed, random.Random(seed), policy_change=True,
+                                     corrected=0.8)
+        first = changed.take_verdicts()[0]
+        assert 800 < alarm < decided and first[1] and abs(first[0] - 800) < 100, seed
+        uncorrected = Monitor(s)
+        _burst_then(uncorrected, random.Random(seed), policy_change=False, corrected=0.0)
+        assert [c for _, c in uncorrected.take_verdicts()] == [True], seed
+
+
+def test_without_a_wait_or_after_a_restart_an_alarm_is_confirmed_at_once():
+    """`drift_confirm_signals` 0: the verdict comes with the alarm. A restart while an alarm
+    waits: the run's observations are not checkpointed, the alarm stands."""
+    now = Monitor(MonitorSettings(drift_confirm_signals=0))
+    alarm, decided = _burst_then(now, random.Random(0), policy_change=False, corrected=0.8)
+    assert alarm == decided and [c for _, c in now.take_verdicts()] == [True]
+    mon = Monitor(MonitorSettings(drift_confirm_signals=10_000))  # still waiting at the end
+    _burst_then(mon, random.Random(0), policy_change=False, corrected=0.8)
+    assert mon.drift_pending and mon.take_verdicts() == []
+    again = Monitor(MonitorSettings(drift_confirm_signals=10_000))
+    again.load(mon.state())
+    assert again.take_verdicts() == [(mon.last_drift_seq, True)] and not again.drift_pending
+
+
 def test_the_allow_band_waits_for_evidence_and_holds_after_a_drift():
     """Closed until `allow_band_after` signals are scored; closed again for
     `allow_band_drift_hold` scored signals after an alarm; the hold and the count survive

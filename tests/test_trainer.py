@@ -12,6 +12,7 @@ from gated.config import TrainConfig
 from gated.daemon.serving import Calibration
 from gated.daemon.trainer import AlignmentWindow, TrainerEvents, build_trainer
 from gated.engine import ModelConfig, source_batch
+from gated.online.drift import AlarmRecheck
 from gated.store import Store
 
 
@@ -117,12 +118,16 @@ class _Counts(TrainerEvents):
     def __init__(self) -> None:
         self.backpropagated = 0
         self.drifts: list[tuple[int, int]] = []
+        self.verdicts: list[tuple[int, bool, int]] = []
 
     def on_scored(self, window, converged, stats=None, backpropagated=0) -> None:
         self.backpropagated += backpropagated
 
     def on_drift(self, began_seq: int, dropped: int) -> None:
         self.drifts.append((began_seq, dropped))
+
+    def on_drift_verdict(self, began_seq: int, confirmed: bool, dropped: int) -> None:
+        self.verdicts.append((began_seq, confirmed, dropped))
 
 
 def test_selective_backprop_skips_what_serving_already_knows_never_a_correction(tmp_path):
@@ -157,7 +162,10 @@ def test_a_correction_supersedes_the_replayed_example_of_that_call(tmp_path):
     store.close()
 
 
-def test_a_detected_drift_drops_stale_replay_and_is_reported(tmp_path):
+def _drift_at_22(tmp_path):
+    """20 allows, a person's correction, then 5 blocks of the same kind of call from signal
+    22 on, and a drift alarm that says the change began there (what `Monitor.observe`
+    reports when Page-Hinkley fires)."""
     store, trainer, _ = _trainer(tmp_path)
     trainer.events = counts = _Counts()
     store.append_signals([_sig(f"http.request GET h{i}", "allow") for i in range(20)])
@@ -165,10 +173,43 @@ def test_a_detected_drift_drops_stale_replay_and_is_reported(tmp_path):
     trainer.train_on(store.read_signals(0, 64))
     store.append_signals([_sig(f"http.request GET n{i}", "block") for i in range(5)])
     trainer.train_on(store.read_signals(21, 64))
-    trainer._on_drift(22, 26)  # what Monitor.observe reports when Page-Hinkley fires
-    contexts = {e["context"] for e in store.reservoir_sample(100, trainer.rng)}
-    assert contexts == {"pkg.install reqeusts"} | {f"http.request GET n{i}" for i in range(5)}
-    assert counts.drifts == [(22, 20)]
+    trainer._on_drift(22, 26)
+    return store, trainer, counts
+
+
+_SINCE_22 = {"pkg.install reqeusts"} | {f"http.request GET n{i}" for i in range(5)}
+
+
+def test_a_drift_alarm_sets_stale_replay_aside_and_its_confirmation_drops_it(tmp_path):
+    store, trainer, counts = _drift_at_22(tmp_path)
+    assert store.reservoir_size() == 26  # waiting for the verdict: kept, not replayed
+    replayed = {e["context"] for e in trainer._wide_replay(100)[0]}
+    assert replayed == _SINCE_22  # the correction (locked) is never set aside
+    trainer._on_drift_verdict(22, True)
+    assert {e["context"] for e in store.reservoir_sample(100, trainer.rng)} == _SINCE_22
+    assert counts.drifts == [(22, 0)] and counts.verdicts == [(22, True, 20)]
+    assert trainer.replay_floor == 0  # nothing left to set aside
+    store.close()
+
+
+def test_a_withdrawn_drift_alarm_keeps_the_replay_and_replays_it_again(tmp_path):
+    store, trainer, counts = _drift_at_22(tmp_path)
+    trainer._on_drift_verdict(22, False)
+    assert store.reservoir_size() == 26 and counts.verdicts == [(22, False, 0)]
+    replayed = {e["context"] for e in trainer._wide_replay(100)[0]}
+    assert replayed == _SINCE_22 | {f"http.request GET h{i}" for i in range(20)}
+    store.close()
+
+
+def test_a_resumed_trainer_acts_on_an_alarm_that_was_waiting(tmp_path):
+    """The run the recheck needs is not checkpointed: at a resume the alarm stands and the
+    stale replay is dropped before any step could replay it."""
+    store, trainer, _ = _drift_at_22(tmp_path)
+    trainer.monitor.recheck = AlarmRecheck(trainer.monitor.drift, [], {}, 22, 50)
+    trainer.checkpoint()
+    resumed, _ = build_trainer(store, trainer.model.cfg, trainer.settings)
+    assert {e["context"] for e in store.reservoir_sample(100, resumed.rng)} == _SINCE_22
+    assert not resumed.monitor.drift_pending
     store.close()
 
 

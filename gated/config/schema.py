@@ -231,6 +231,12 @@ class TrainConfig:
                                     "is off and replay is reduced", hot=True, lo=0)
     drift_replay_fraction: float = _opt(0.1, "replay share of a batch while adapting to a "
                                         "drift", hot=True, lo=0.0, hi=1.0, hi_open=True)
+    drift_confirm_signals: int = _opt(50, "signals a drift alarm waits for corrections "
+                                      "before its verdict: the replay labelled before the "
+                                      "change is set aside meanwhile, then dropped, or kept "
+                                      "when the corrected labels show no rise (a burst of "
+                                      "the gate's own mistakes); 0 = drop at the alarm",
+                                      hot=True, lo=0, hi=100_000)
     allow_band_after: int = _opt(500, "fresh signals progressive validation scores before "
                                  "serving answers `allow` at all (until then a would-be "
                                  "allow is `ask`); 0 = from the first", lo=0)

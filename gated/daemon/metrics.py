@@ -59,6 +59,7 @@ SERIES: dict[str, str] = {
     "gated_calibration_brier": "gauge",
     "gated_calibration_platt": "gauge",
     "gated_drift_detections_total": "counter",
+    "gated_drift_withdrawn_total": "counter",
     "gated_drift_adapting": "gauge",
     "gated_allow_band_open": "gauge",
     "gated_replay_dropped_total": "counter",
@@ -178,6 +179,11 @@ class Metrics:
         self.drift_detections = Counter("gated_drift_detections", "Policy changes detected "
                                         "(Page-Hinkley on the progressive error stream)",
                                         registry=r)
+        self.drift_withdrawn = Counter("gated_drift_withdrawn", "Drift alarms withdrawn: on "
+                                       "the labels as corrected within "
+                                       "train.drift_confirm_signals signals the error rate "
+                                       "did not rise (a burst of the gate's own mistakes); "
+                                       "the replay was kept", registry=r)
         self.drift_adapting = Gauge("gated_drift_adapting", "1 while the trainer adapts to "
                                     "a detected drift (EWC off, replay reduced)", registry=r)
         self.allow_band_open = Gauge("gated_allow_band_open", "1 when serving may answer "
@@ -408,6 +414,13 @@ class Metrics:
     def drifted(self, dropped: int) -> None:
         self.drift_detections.inc()
         if dropped:
+            self.replay_dropped.inc(dropped)
+
+    def drift_verdict(self, confirmed: bool, dropped: int) -> None:
+        """A drift alarm decided after the corrections it waited for."""
+        if not confirmed:
+            self.drift_withdrawn.inc()
+        elif dropped:
             self.replay_dropped.inc(dropped)
 
     def swapped(self, version: int) -> None:

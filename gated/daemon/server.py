@@ -250,6 +250,8 @@ class Daemon:
                 m.set_per_tool(payload["per_tool"])
         elif name == "drift":
             m.drifted(payload[1])
+        elif name == "drift_verdict":
+            m.drift_verdict(payload[1], payload[2])
         elif name == "promotion":
             m.promotion(payload)
         elif name == "operator_rollback":

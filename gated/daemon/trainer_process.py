@@ -121,6 +121,9 @@ class PipeEvents:
     def on_drift(self, began_seq: int, dropped: int) -> None:
         self._send("drift", (began_seq, dropped))
 
+    def on_drift_verdict(self, began_seq: int, confirmed: bool, dropped: int) -> None:
+        self._send("drift_verdict", (began_seq, confirmed, dropped))
+
     def on_promotion(self, decision: dict) -> None:
         self._send("promotion", decision)
 

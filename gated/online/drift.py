@@ -9,6 +9,13 @@ trainer uses to stop replaying examples labelled under the old policy. Page-Hink
 estimate (where the cumulative sum was lowest) wanders by hundreds of signals when the
 error rate is low, so the start is re-estimated at the alarm by the best two-segment
 Bernoulli split of the recent errors (maximum likelihood, one pass over cumulative sums).
+
+A noisy gate can raise the error rate too: a burst of its own mistakes (the model right,
+the gate's label wrong) looks like a policy change for the signals it lasts, and a person
+corrects most of those mistakes some signals later. `AlarmRecheck` holds an alarm that
+long and reruns the same test on the labels as corrected since: a policy change still
+alarms (the gate's labels are right, they are the new policy), a burst of corrected
+mistakes does not, and the alarm is withdrawn.
 """
 
 from __future__ import annotations
@@ -70,6 +77,16 @@ class PageHinkley:
         score[after / (n - k) <= ones / k] = -np.inf  # only rises are drift
         return int(k[np.argmax(score)]) if np.isfinite(score).any() else self.min_at
 
+    def first_alarm(self, errors: np.ndarray) -> int | None:
+        """Index of the observation at which this test, started afresh, would alarm on
+        `errors` (0/1), else None: the same sums as `update`, vectorised."""
+        e = np.asarray(errors, dtype=np.float64)
+        n = np.arange(1, e.size + 1)
+        cum = np.cumsum(e - np.cumsum(e) / n - self.delta)
+        low = np.minimum(np.minimum.accumulate(cum), 0.0)
+        hits = np.flatnonzero((n >= self.min_samples) & (cum - low > self.threshold))
+        return int(hits[0]) if hits.size else None
+
     def state(self) -> dict:
         return {"n": self.n, "mean": self.mean, "cum": self.cum, "cum_min": self.cum_min,
                 "min_at": self.min_at, "detections": self.detections}
@@ -78,3 +95,37 @@ class PageHinkley:
         if state:
             for k, v in state.items():
                 setattr(self, k, v)
+
+
+class AlarmRecheck:
+    """An alarm held for `wait` more observations, then tested again on corrected labels.
+
+    `run` is what the detector saw since its last reset up to the alarm, as (fingerprint,
+    predicted block, labelled block); `fixes` the corrections (fingerprint -> block) that
+    arrived meanwhile. The wait's observations and corrections are added as they come;
+    `confirmed` reruns the detector's test over the run and the wait with every label
+    replaced by its newest correction: still an alarm means the labels that raised it stand
+    (a policy change), none means the rise was mistakes that people have since corrected.
+    """
+
+    def __init__(self, detector: PageHinkley, run: list[tuple[bytes, bool, bool]],
+                 fixes: dict[bytes, bool], began_seq: int, wait: int) -> None:
+        self.detector, self.began_seq, self.left = detector, began_seq, wait
+        self.run, self.fixes = run, dict(fixes)
+
+    def add(self, fingerprint: bytes, pred_block: bool, label_block: bool,
+            correction: bool) -> None:
+        """One more observation of the wait (a correction also relabels the run)."""
+        if correction:
+            self.fixes[fingerprint] = label_block
+        self.run.append((fingerprint, pred_block, label_block))
+        self.left -= 1
+
+    @property
+    def due(self) -> bool:
+        return self.left <= 0
+
+    def confirmed(self) -> bool:
+        errors = np.fromiter((pred != self.fixes.get(fp, label) for fp, pred, label in self.run),
+                             dtype=np.float64, count=len(self.run))
+        return self.detector.first_alarm(errors) is not None

@@ -9,18 +9,21 @@ now", "did the policy change" and "what calibration should serving use".
 from __future__ import annotations
 
 import logging
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from ..signals import CORRECTIONS
 from .calibration import PlattCalibrator, brier_score, expected_calibration_error
-from .drift import PageHinkley
+from .drift import AlarmRecheck, PageHinkley
 from .per_tool import PerTool
 from .progressive import AlignmentWindow, CorrectedAlignment
 
 log = logging.getLogger("gated.trainer")
+
+#: observations of a detector run kept for `AlarmRecheck` (its seqs, labels, corrections)
+_RUN_MEMORY = 20_000
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,9 @@ class MonitorSettings:
     drift_threshold: float = 12.0
     drift_min_samples: int = 200
     drift_adapt_signals: int = 1000
+    #: an alarm waits this many observations for the corrections of the errors that raised
+    #: it, then is confirmed or withdrawn (`AlarmRecheck`); 0: confirmed at once
+    drift_confirm_signals: int = 50
     #: the allow band stays closed (would-be allows answered `ask`) until progressive
     #: validation has scored this many fresh signals: a fresh model's confident allows
     #: are untested (`Monitor.allow_band_open`)
@@ -69,10 +75,21 @@ class Monitor:
                                        s.allow_guard_min_samples, memory=200)
         self.per_tool = PerTool()
         self._recent: deque[tuple[float, float]] = deque(maxlen=s.window)  # (p_cal, label)
-        self._seqs: deque[int] = deque(maxlen=20_000)  # seq of each drift observation
+        self._seqs: deque[int] = deque(maxlen=_RUN_MEMORY)  # seq of each drift observation
+        #: (fingerprint, predicted block, labelled block) of each, and the corrections
+        #: since the run began: what `AlarmRecheck` reruns the test on
+        self._records: deque[tuple[bytes, bool, bool]] = deque(maxlen=_RUN_MEMORY)
+        self._fixes: OrderedDict[bytes, bool] = OrderedDict()
         self._run = 0  # observations since the detector's last reset
+        #: all of the run is in `_records` (not after a restart, nor past _RUN_MEMORY)
+        self._run_complete = True
+        self.recheck: AlarmRecheck | None = None  # an alarm waiting for corrections
+        #: (began seq, confirmed) of alarms decided and not yet taken by the trainer
+        self._verdicts: deque[tuple[int, bool]] = deque()
+        self.drift_withdrawn = 0
         self.adapt_until = 0  # total_scored at which adaptation after a drift ends
         self.allow_hold_until = 0  # total_scored at which the allow band reopens
+        self.guard_hold_until = 0  # ... as far as the allow band's own guard is concerned
         self.last_drift_seq: int | None = None
 
     def observe(self, seq: int, fingerprint: bytes, feedback: str | None, label: float,
@@ -95,6 +112,8 @@ class Monitor:
             self._guard_allow_band(label)
         self._seqs.append(seq)
         self._run += 1
+        correction = feedback in CORRECTIONS
+        self._remember(fingerprint, p < 0.5, label < 0.5, correction)
         start = self.drift.update(float((p < 0.5) != (label < 0.5)))
         if start is None:
             return None
@@ -102,12 +121,74 @@ class Monitor:
         # holds the last len(_seqs) of the run's `_run` observations.
         i = max(0, min(len(self._seqs) - 1, start - (self._run - len(self._seqs))))
         began = self._seqs[i]
+        self._hold_for_corrections(began)
         self._seqs.clear()
+        self._records.clear()
+        self._fixes.clear()
         self._run = 0
+        self._run_complete = True
         self.adapt_until = self.window.total_scored + self.settings.drift_adapt_signals
         self._hold_allow_band()
         self.last_drift_seq = began
         return began
+
+    def _remember(self, fingerprint: bytes, pred_block: bool, label_block: bool,
+                  correction: bool) -> None:
+        """Keep the observation for a recheck (the run's, or the waiting alarm's)."""
+        if self.recheck is not None:
+            self.recheck.add(fingerprint, pred_block, label_block, correction)
+            if self.recheck.due:
+                self._decide()
+        if correction:
+            self._fixes[fingerprint] = label_block
+            self._fixes.move_to_end(fingerprint)
+            if len(self._fixes) > _RUN_MEMORY:
+                self._fixes.popitem(last=False)
+        if len(self._records) == self._records.maxlen:
+            self._run_complete = False
+        self._records.append((fingerprint, pred_block, label_block))
+
+    def _hold_for_corrections(self, began: int) -> None:
+        """An alarm: wait `drift_confirm_signals` observations for corrections before the
+        verdict; at once (confirmed) when not waiting, or when the run is not all here."""
+        if self.recheck is not None:  # a second alarm while one waits: both stand
+            self._verdicts.append((self.recheck.began_seq, True))
+            self.recheck = None
+        wait = self.settings.drift_confirm_signals
+        if wait <= 0 or not self._run_complete:
+            self._verdicts.append((began, True))
+            return
+        self.recheck = AlarmRecheck(self.drift, list(self._records), self._fixes, began, wait)
+
+    def _decide(self) -> None:
+        """The waiting alarm's verdict. Withdrawn: the labels that raised it were the gate's
+        mistakes, corrected since; adaptation ends and the band reopens (unless the allow
+        band's guard holds it)."""
+        recheck, self.recheck = self.recheck, None
+        confirmed = recheck.confirmed()
+        self._verdicts.append((recheck.began_seq, confirmed))
+        if confirmed:
+            return
+        self.drift_withdrawn += 1
+        now = self.window.total_scored
+        self.adapt_until = min(self.adapt_until, now)
+        self.allow_hold_until = max(min(self.allow_hold_until, now), self.guard_hold_until)
+        log.info("drift alarm withdrawn: on the labels as corrected since, the error rate "
+                 "did not rise (the rise was the gate's own mistakes, which people "
+                 "corrected); adaptation ended, nothing dropped")
+
+    def take_verdicts(self) -> list[tuple[int, bool]]:
+        """(began seq, confirmed) of each alarm decided since the last call, oldest first:
+        the trainer drops the replay before a confirmed change, keeps it for a withdrawn
+        one."""
+        out = list(self._verdicts)
+        self._verdicts.clear()
+        return out
+
+    @property
+    def drift_pending(self) -> bool:
+        """An alarm is waiting for corrections (its replay set aside meanwhile)."""
+        return self.recheck is not None
 
     @property
     def adapting(self) -> bool:
@@ -121,6 +202,8 @@ class Monitor:
         sees it too, but later: it watches every call, and its alarm came after most of
         the wrong allows (docs/learning.md)."""
         if self.allow_guard.update(float(label < 0.5)) is not None:
+            self.guard_hold_until = (self.window.total_scored
+                                     + self.settings.allow_band_drift_hold)
             self._hold_allow_band()
             log.warning("allow band closed for the next %d signals: the gate blocked more of "
                         "the calls gated would allow than before (allow-band guard, "
@@ -172,6 +255,8 @@ class Monitor:
                 "calibration_a": self.calibrator.a, "calibration_b": self.calibrator.b,
                 "calibration_d": self.calibrator.d,
                 "drift_detections": float(self.drift.detections),
+                "drift_withdrawn": float(self.drift_withdrawn),
+                "drift_pending": float(self.drift_pending),
                 "adapting": float(self.adapting),
                 "allow_band_open": float(self.allow_band_open),
                 "allow_guard_alarms": float(self.allow_guard.detections),
@@ -183,7 +268,11 @@ class Monitor:
                 "recent": [list(r) for r in self._recent],
                 "per_tool": self.per_tool.state(),
                 "adapt_left": max(0, self.adapt_until - self.window.total_scored),
-                "allow_hold_left": max(0, self.allow_hold_until - self.window.total_scored)}
+                "allow_hold_left": max(0, self.allow_hold_until - self.window.total_scored),
+                "guard_hold_left": max(0, self.guard_hold_until - self.window.total_scored),
+                "drift_withdrawn": self.drift_withdrawn,
+                "drift_pending_began": (None if self.recheck is None
+                                        else self.recheck.began_seq)}
 
     def load(self, state: dict | None) -> None:
         if not state:
@@ -197,3 +286,12 @@ class Monitor:
         self.adapt_until = self.window.total_scored + int(state.get("adapt_left", 0))
         self.allow_hold_until = (self.window.total_scored
                                  + int(state.get("allow_hold_left", 0)))
+        self.guard_hold_until = (self.window.total_scored
+                                 + int(state.get("guard_hold_left", 0)))
+        self.drift_withdrawn = int(state.get("drift_withdrawn", 0))
+        # The run's observations are not checkpointed: an alarm that was waiting for its
+        # corrections stands (its replay is dropped, as without the wait), and the next
+        # alarm of this run is confirmed at once.
+        self._run_complete = not self.drift.n
+        if state.get("drift_pending_began") is not None:
+            self._verdicts.append((int(state["drift_pending_began"]), True))

@@ -20,7 +20,7 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -54,6 +54,7 @@ class TrainerEvents:
     def on_checkpoint(self, ts: float) -> None: ...
     def on_gpu_fallback(self, reason: str) -> None: ...
     def on_drift(self, began_seq: int, dropped: int) -> None: ...
+    def on_drift_verdict(self, began_seq: int, confirmed: bool, dropped: int) -> None: ...
     def on_promotion(self, decision: dict) -> None: ...
     def on_operator_rollback(self, result: dict) -> None: ...
 
@@ -87,6 +88,7 @@ class Trainer(GpuFallback, Publication, threading.Thread):
             window=settings.alignment_window, drift_delta=settings.drift_delta,
             drift_threshold=settings.drift_threshold,
             drift_adapt_signals=settings.drift_adapt_signals,
+            drift_confirm_signals=settings.drift_confirm_signals,
             allow_band_after=settings.allow_band_after,
             allow_band_drift_hold=settings.allow_band_drift_hold,
             allow_band_p=serving.bands.allow,
@@ -107,6 +109,9 @@ class Trainer(GpuFallback, Publication, threading.Thread):
         self.paused = False  # an operator's rollback --pause, until resume
         self.retention = None  # a config.RetentionConfig; the daemon sets and reloads it
         self.latest = LatestLabels()  # the replay filter
+        #: replay examples of signals before this seq are set aside: a drift alarm waits
+        #: for its verdict (`_on_drift_verdict`)
+        self.replay_floor = 0
         self.promotion = PromotionGate(settings.promotion_holdout_share,
                                        settings.promotion_holdout_size,
                                        settings.promotion_margin,
@@ -226,6 +231,10 @@ class Trainer(GpuFallback, Publication, threading.Thread):
         self.wide_path.apply_settings(s)
         if hasattr(self, "promotion"):
             self.promotion.margin = s.promotion_margin
+        if hasattr(self, "monitor"):
+            self.monitor.settings = replace(self.monitor.settings,
+                                            drift_adapt_signals=s.drift_adapt_signals,
+                                            drift_confirm_signals=s.drift_confirm_signals)
         self.opt.weight_decay, self.opt.clip_norm = s.weight_decay, s.clip_norm
         self.opt.schedule.warmup_steps, self.opt.schedule.cosine_steps = (s.warmup_steps,
                                                                           s.cosine_steps)
@@ -335,7 +344,8 @@ class Trainer(GpuFallback, Publication, threading.Thread):
                         else min(round(s.batch_size * share), s.batch_size - len(chosen)))
             replay = self.store.reservoir_sample(n_replay, self.rng) if n_replay > 0 else []
             taken = {ex["seq"] for ex in chosen}  # already in the reservoir: not twice
-            replay = [ex for ex in replay if ex.get("seq") not in taken]
+            replay = [ex for ex in replay if ex.get("seq") not in taken
+                      and not self._set_aside(ex)]
             examples = chosen + self.latest.current(replay)
             if examples:
                 info = self._step(examples, turns and self.model.ops.xp is np)
@@ -417,6 +427,7 @@ class Trainer(GpuFallback, Publication, threading.Thread):
                                          float(zdi) if self.wide_path.learner is not None else 0.0)
             if began is not None:
                 self._on_drift(began, ex["seq"])
+            self.apply_drift_verdicts()
             p_label = float(pi) if ex["label"] >= 0.5 else 1.0 - float(pi)
             if ex.get("held"):
                 continue  # held back for the promotion gate: scored, never trained on
@@ -446,7 +457,8 @@ class Trainer(GpuFallback, Publication, threading.Thread):
         `wide_residual` (their transformer logits would cost a forward)."""
         if n <= 0 or self.settings.wide_residual:
             return [], {}
-        replay = self.latest.current(self.store.reservoir_sample(n, self.rng))
+        replay = self.latest.current([ex for ex in self.store.reservoir_sample(n, self.rng)
+                                      if not self._set_aside(ex)])
         if not replay:
             return [], {}
         return replay, source_batch([(e["context"], e["history"]) for e in replay],
@@ -454,18 +466,55 @@ class Trainer(GpuFallback, Publication, threading.Thread):
 
     def _on_drift(self, began_seq: int, seen_seq: int) -> None:
         """A policy change (detected at signal `seen_seq`): stop replaying what the old
-        policy labelled, empty the promotion slice and hold nothing back for the next
-        `promotion_holdout_after` signals, relax EWC and replay for `drift_adapt_signals`
-        signals, tell the operator."""
-        dropped = self.store.reservoir_forget_before(began_seq)
+        policy labelled (set aside until the alarm's verdict, `_on_drift_verdict`), empty
+        the promotion slice and hold nothing back for the next `promotion_holdout_after`
+        signals, relax EWC and replay for `drift_adapt_signals` signals, tell the
+        operator."""
+        self.replay_floor = max(self.replay_floor, began_seq)
         self.promotion.forget(seen_seq)
         self.wide_path.on_drift(began_seq)  # its waiting looks carry the old labels
         log.warning("drift: the serving model's error rate rose (Page-Hinkley); the change "
-                    "began around signal %d. Dropped %d replay examples labelled before it "
-                    "(human corrections kept); EWC off and replay at %.0f%% for the next %d "
-                    "signals", began_seq, dropped, 100 * self.settings.drift_replay_fraction,
-                    self.settings.drift_adapt_signals)
-        self.events.on_drift(began_seq, dropped)
+                    "began around signal %d. EWC off and replay at %.0f%% for the next %d "
+                    "signals; the replay examples labelled before it are not replayed, and "
+                    "are dropped unless the corrections of the next %d signals show the "
+                    "rise was the gate's own mistakes", began_seq,
+                    100 * self.settings.drift_replay_fraction,
+                    self.settings.drift_adapt_signals, self.settings.drift_confirm_signals)
+        self.events.on_drift(began_seq, 0)
+
+    def _set_aside(self, ex: dict) -> bool:
+        """A replay example labelled before a drift alarm that waits for its verdict (a
+        person's correction is never set aside: it is never dropped either)."""
+        if self.replay_floor <= 0 or ex.get("locked"):
+            return False
+        seq = ex.get("seq")
+        return seq is None or seq < self.replay_floor  # as the drop would decide
+
+    def apply_drift_verdicts(self) -> None:
+        """Act on the drift alarms the monitor has decided (also at a resume, where an
+        alarm that was waiting stands)."""
+        for began_seq, confirmed in self.monitor.take_verdicts():
+            self._on_drift_verdict(began_seq, confirmed)
+
+    def _on_drift_verdict(self, began_seq: int, confirmed: bool) -> None:
+        """The alarm's verdict (`Monitor.take_verdicts`): a confirmed change drops the
+        replay examples labelled before it (human corrections kept); a withdrawn alarm
+        replays them again."""
+        if not confirmed:
+            self.replay_floor = 0
+            log.warning("drift alarm withdrawn: the signals that raised it were the gate's "
+                        "own mistakes, corrected since; the replay examples from before "
+                        "signal %d are kept and replayed again, EWC and replay back to "
+                        "normal", began_seq)
+            self.events.on_drift_verdict(began_seq, False, 0)
+            return
+        dropped = self.store.reservoir_forget_before(began_seq)
+        if not self.monitor.drift_pending:
+            self.replay_floor = 0  # what it kept out is gone
+        log.warning("drift confirmed (the labels that raised it stand after the corrections "
+                    "since): dropped %d replay examples labelled before signal %d (human "
+                    "corrections kept)", dropped, began_seq)
+        self.events.on_drift_verdict(began_seq, True, dropped)
 
     def converged(self) -> bool:
         return self.window.converged(self.settings.converged_threshold)

@@ -39,5 +39,6 @@ def build_trainer(store, model_cfg: ModelConfig, settings: TrainConfig, *, seed:
                       events=events, seed=seed)
     trainer.window.load(window)
     trainer.monitor.load(monitor)
+    trainer.apply_drift_verdicts()  # an alarm that waited for corrections stands
     serving.calibration = trainer.served_calibration()
     return trainer, serving
