@@ -111,7 +111,7 @@ from gated.engine.model import Model  # noqa: E402
 from gated.engine.tokenizer import source_batch  # noqa: E402
 from gated.engine.wide import PAIR_KEYS  # noqa: E402
 from gated.engine.wide_learner import WideAdaGrad  # noqa: E402
-from gated.online.drift import PageHinkley  # noqa: E402
+from gated.online.drift import AlarmRecheck, PageHinkley  # noqa: E402
 from gated.online.monitor import MonitorSettings  # noqa: E402
 from gated.online.second_look import SecondLook  # noqa: E402
 from gated.signals import context_fingerprint  # noqa: E402
@@ -212,6 +212,11 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
     detector = PageHinkley(MonitorSettings.drift_delta, MonitorSettings.drift_threshold,
                            MonitorSettings.drift_min_samples) if drift_relax >= 0 else None
     observed: list[int] = []  # signal index of each observation since the detector's reset
+    # the daemon's recheck of an alarm (`Monitor`, `AlarmRecheck`): the run's (fingerprint,
+    # predicted block, labelled block) and corrections; the verdicts go into "drifts"
+    run: list[tuple[bytes, bool, bool]] = []
+    fixes: dict[bytes, bool] = {}
+    waiting: AlarmRecheck | None = None
 
     def flush() -> None:
         for f_p, y_p, w_p, seq, fp in pending:
@@ -236,6 +241,11 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
         f = feats(s["context"], s.get("history"))
         text = anchor_text(s["context"], s.get("history"))
         y, w = label_weight(s)
+        fp = context_fingerprint(s["context"], s.get("history"))
+        if detector is not None and ev.is_correction:
+            fixes[fp] = y < 0.5
+            if waiting is not None:
+                waiting.fixes[fp] = y < 0.5
         if not ev.is_correction:
             z = z_of_one(f)
             right_w.append((z >= 0) == ev.true_allow)
@@ -245,15 +255,23 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
             if detector is not None:
                 observed.append(i)
                 start = detector.update(float((z >= 0) != (y >= 0.5)))
+                run.append((fp, z < 0, y < 0.5))
+                if waiting is not None:
+                    waiting.add(fp, z < 0, y < 0.5, False)
+                    if waiting.due:
+                        drifts[-1] = (*drifts[-1][:2], waiting.confirmed())
+                        waiting = None
                 if start is not None:  # the trainer's on_drift, for the wide path
                     began = observed[min(start, len(observed) - 1)]
                     look.forget_before(began)
                     wide.relax(drift_relax, None if drift_relax_pair < 0 else drift_relax_pair)
                     if drift_cap > 0:
                         np.minimum(wide.g2, drift_cap, out=wide.g2)
-                    drifts.append((i, began))
+                    drifts.append((i, began, None))
                     observed.clear()
-        fp = context_fingerprint(s["context"], s.get("history"))
+                    waiting = AlarmRecheck(detector, run, fixes, began,
+                                           TrainConfig().drift_confirm_signals)
+                    run, fixes = [], {}
         look.note(fp, y)
         pending.append((f, y, correction_weight if correction_weight and ev.is_correction
                         else w, i, fp))
@@ -391,8 +409,11 @@ def main() -> None:
                                        r["curve"].values(), strict=True))
                       + "; not ahead of the anchor at: " + (", ".join(
                           f"{m:,} {gm:.3f} / {am:.3f}" for m, gm, am in r["behind"]) or "none")
-                      + ("; drift alarms (signal, change estimated at): " + (", ".join(
-                          f"{i:,} ({b:,})" for i, b in r["drifts"]) or "none")
+                      + ("; drift alarms (signal, change estimated at, verdict after "
+                         "the corrections of the daemon's wait): " + (", ".join(
+                             f"{i:,} ({b:,}, " + {True: "confirmed", False: "withdrawn",
+                                                  None: "undecided"}[v] + ")"
+                             for i, b, v in r["drifts"]) or "none")
                          if a.drift_relax >= 0 else "")
                       + "; errors in the first 250 after the change: {} / {} (anchor)".format(
                           *r["adapt"])

@@ -73,6 +73,10 @@ def test_updates_show_in_the_scrape(served):
                     "calibration_a": 0.8, "calibration_b": -0.3, "adapting": 1.0},
                    backpropagated=3)
     m.drifted(dropped=120)
+    m.drifted(dropped=0)  # an alarm that waits for corrections: ...
+    m.drift_verdict(confirmed=True, dropped=30)  # ... confirmed, its replay dropped
+    m.drifted(dropped=0)
+    m.drift_verdict(confirmed=False, dropped=0)  # a bad spell of the gate: withdrawn
     m.received(10)
     m.rejected("wrong_type")
     m.rejected("some_new_code", 2)
@@ -105,9 +109,10 @@ def test_updates_show_in_the_scrape(served):
     assert metric_value(got, "gated_calibration_ece") == 0.031
     assert metric_value(got, "gated_calibration_brier") == 0.04
     assert metric_value(got, "gated_calibration_platt", param="b") == -0.3
-    assert metric_value(got, "gated_drift_detections_total") == 1
+    assert metric_value(got, "gated_drift_detections_total") == 3
+    assert metric_value(got, "gated_drift_withdrawn_total") == 1
     assert metric_value(got, "gated_drift_adapting") == 1
-    assert metric_value(got, "gated_replay_dropped_total") == 120
+    assert metric_value(got, "gated_replay_dropped_total") == 150
     assert metric_value(got, "gated_signals_backpropagated_total") == 3
     assert metric_value(got, "gated_signals_received_total") == 10
     assert metric_value(got, "gated_signals_rejected_total", reason="wrong_type") == 1
