@@ -314,6 +314,37 @@ def test_the_allow_bands_guard_closes_it_when_the_gate_blocks_what_it_would_allo
     assert mon.state()["allow_hold_left"] == 100
 
 
+def test_the_guards_alarm_is_withdrawn_when_people_correct_the_blocks_that_raised_it():
+    """A bad spell of the gate that blocks calls in the allow band closes the band at once;
+    when people correct those blocks within the wait, the guard's alarm is withdrawn and
+    the band reopens long before its hold ends. Uncorrected, the hold runs its course."""
+    s = MonitorSettings(allow_band_after=0, allow_band_drift_hold=300, drift_confirm_signals=50)
+    for corrected in (0.9, 0.0):
+        mon = Monitor(s)
+        rng = random.Random(3)
+        due: dict[int, list[bytes]] = {}
+        closed_at = reopened_at = None
+        for seq in range(1, 1700):
+            fp = seq.to_bytes(16, "big")
+            mistake = rng.random() < (0.3 if 1000 <= seq < 1060 else 0.02)
+            if mistake and rng.random() < corrected:
+                due.setdefault(seq + rng.randint(5, 30), []).append(fp)
+            mon.observe(seq, fp, None, 0.0 if mistake else 1.0, 3.0, 0.95)
+            for fix in due.pop(seq, []):
+                mon.observe(seq, fix, "false_positive", 1.0, 3.0, 0.95)
+            if closed_at is None and not mon.allow_band_open:
+                closed_at = seq
+            elif closed_at is not None and reopened_at is None and mon.allow_band_open:
+                reopened_at = seq
+        assert closed_at is not None and 1000 < closed_at < 1060, (corrected, closed_at)
+        stats = mon.stats()
+        assert stats["allow_guard_alarms"] == 1.0
+        if corrected:
+            assert stats["allow_guard_withdrawn"] == 1.0 and reopened_at - closed_at < 150
+        else:
+            assert stats["allow_guard_withdrawn"] == 0.0 and reopened_at - closed_at >= 300
+
+
 def test_a_reloaded_bands_allow_moves_the_guard_and_restarts_its_test():
     """After `bands.allow` is reloaded the guard counts the calls of the new band (p 0.85
     is in it at 0.8, not at 0.9) and its Page-Hinkley test starts over: the old band's

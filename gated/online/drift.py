@@ -20,7 +20,7 @@ mistakes does not, and the alarm is withdrawn.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 
 import numpy as np
 
@@ -97,6 +97,10 @@ class PageHinkley:
                 setattr(self, k, v)
 
 
+#: observations of a test's run kept for its recheck (their seqs, labels, corrections)
+RUN_MEMORY = 20_000
+
+
 class AlarmRecheck:
     """An alarm held for `wait` more observations, then tested again on corrected labels.
 
@@ -113,11 +117,8 @@ class AlarmRecheck:
         self.detector, self.began_seq, self.left = detector, began_seq, wait
         self.run, self.fixes = run, dict(fixes)
 
-    def add(self, fingerprint: bytes, pred_block: bool, label_block: bool,
-            correction: bool) -> None:
-        """One more observation of the wait (a correction also relabels the run)."""
-        if correction:
-            self.fixes[fingerprint] = label_block
+    def add(self, fingerprint: bytes, pred_block: bool, label_block: bool) -> None:
+        """One more observation of the wait (corrections go into `fixes`)."""
         self.run.append((fingerprint, pred_block, label_block))
         self.left -= 1
 
@@ -129,3 +130,101 @@ class AlarmRecheck:
         errors = np.fromiter((pred != self.fixes.get(fp, label) for fp, pred, label in self.run),
                              dtype=np.float64, count=len(self.run))
         return self.detector.first_alarm(errors) is not None
+
+
+class CheckedTest:
+    """A Page-Hinkley test over (prediction, label) pairs whose alarms wait for corrections.
+
+    `observe` feeds the test the error of each observation and keeps the run since the
+    test's last reset (sequence numbers, fingerprints, corrections). At an alarm it returns
+    the sequence number where the change began and holds an `AlarmRecheck` for `wait`
+    observations; its verdict, (began seq, confirmed), is then in `take_verdicts`. Without a
+    wait, or when part of the run is missing (after a restart, or past `RUN_MEMORY`), the
+    verdict is "confirmed" at once: nothing can withdraw what cannot be rechecked.
+    """
+
+    def __init__(self, test: PageHinkley, wait: int) -> None:
+        self.test, self.wait = test, wait
+        self._seqs: deque[int] = deque(maxlen=RUN_MEMORY)
+        self._records: deque[tuple[bytes, bool, bool]] = deque(maxlen=RUN_MEMORY)
+        self._fixes: OrderedDict[bytes, bool] = OrderedDict()
+        self._run = 0  # observations since the test's last reset
+        self._complete = True  # all of the run is in `_records`
+        self.recheck: AlarmRecheck | None = None
+        self._verdicts: deque[tuple[int, bool]] = deque()
+        self.withdrawn = 0
+
+    def correct(self, fingerprint: bytes, label_block: bool) -> None:
+        """A correction of that call's label (observed by this test or not)."""
+        if self.recheck is not None:
+            self.recheck.fixes[fingerprint] = label_block
+        self._fixes[fingerprint] = label_block
+        self._fixes.move_to_end(fingerprint)
+        if len(self._fixes) > RUN_MEMORY:
+            self._fixes.popitem(last=False)
+
+    def observe(self, seq: int, fingerprint: bytes, pred_block: bool, label_block: bool,
+                correction: bool) -> int | None:
+        """One observation; the seq where the change began when it raises an alarm."""
+        if correction:
+            self.correct(fingerprint, label_block)
+        if self.recheck is not None:
+            self.recheck.add(fingerprint, pred_block, label_block)
+            if self.recheck.due:
+                self._decide()
+        if len(self._records) == RUN_MEMORY:
+            self._complete = False
+        self._records.append((fingerprint, pred_block, label_block))
+        self._seqs.append(seq)
+        self._run += 1
+        start = self.test.update(float(pred_block != label_block))
+        if start is None:
+            return None
+        # `start` observations of this run came before the change; the deque holds the
+        # last len(_seqs) of the run's `_run` observations.
+        i = max(0, min(len(self._seqs) - 1, start - (self._run - len(self._seqs))))
+        began = self._seqs[i]
+        if self.recheck is not None:  # a second alarm while one waits: both stand
+            self._verdicts.append((self.recheck.began_seq, True))
+            self.recheck = None
+        if self.wait <= 0 or not self._complete:
+            self._verdicts.append((began, True))
+        else:
+            self.recheck = AlarmRecheck(self.test, list(self._records), self._fixes, began,
+                                        self.wait)
+        self._seqs.clear()
+        self._records.clear()
+        self._fixes.clear()
+        self._run = 0
+        self._complete = True
+        return began
+
+    def _decide(self) -> None:
+        recheck, self.recheck = self.recheck, None
+        confirmed = recheck.confirmed()
+        self.withdrawn += not confirmed
+        self._verdicts.append((recheck.began_seq, confirmed))
+
+    def take_verdicts(self) -> list[tuple[int, bool]]:
+        """(began seq, confirmed) of each alarm decided since the last call, oldest first."""
+        out = list(self._verdicts)
+        self._verdicts.clear()
+        return out
+
+    @property
+    def pending(self) -> bool:
+        """An alarm is waiting for corrections."""
+        return self.recheck is not None
+
+    def state(self) -> dict:
+        return {"withdrawn": self.withdrawn,
+                "pending_began": None if self.recheck is None else self.recheck.began_seq}
+
+    def load(self, state: dict | None) -> None:
+        """After a restart: the run's observations are not checkpointed, so an alarm that
+        was waiting stands, and so does the next alarm of this run."""
+        state = state or {}
+        self.withdrawn = int(state.get("withdrawn", 0))
+        self._complete = not self.test.n
+        if state.get("pending_began") is not None:
+            self._verdicts.append((int(state["pending_began"]), True))

@@ -9,21 +9,18 @@ now", "did the policy change" and "what calibration should serving use".
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict, deque
+from collections import deque
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from ..signals import CORRECTIONS
 from .calibration import PlattCalibrator, brier_score, expected_calibration_error
-from .drift import AlarmRecheck, PageHinkley
+from .drift import CheckedTest, PageHinkley
 from .per_tool import PerTool
 from .progressive import AlignmentWindow, CorrectedAlignment
 
 log = logging.getLogger("gated.trainer")
-
-#: observations of a detector run kept for `AlarmRecheck` (its seqs, labels, corrections)
-_RUN_MEMORY = 20_000
 
 
 @dataclass(frozen=True)
@@ -37,8 +34,9 @@ class MonitorSettings:
     drift_threshold: float = 12.0
     drift_min_samples: int = 200
     drift_adapt_signals: int = 1000
-    #: an alarm waits this many observations for the corrections of the errors that raised
-    #: it, then is confirmed or withdrawn (`AlarmRecheck`); 0: confirmed at once
+    #: an alarm (of the drift detector or the allow band's guard) waits this many of its
+    #: observations for the corrections of the labels that raised it, then is confirmed or
+    #: withdrawn (drift.py `CheckedTest`); 0: confirmed at once
     drift_confirm_signals: int = 50
     #: the allow band stays closed (would-be allows answered `ask`) until progressive
     #: validation has scored this many fresh signals: a fresh model's confident allows
@@ -73,35 +71,36 @@ class Monitor:
         self.drift = PageHinkley(s.drift_delta, s.drift_threshold, s.drift_min_samples)
         self.allow_guard = PageHinkley(s.allow_guard_delta, s.allow_guard_threshold,
                                        s.allow_guard_min_samples, memory=200)
+        # each test's alarms wait for the corrections of the labels that raised them
+        self.drift_check = CheckedTest(self.drift, s.drift_confirm_signals)
+        self.guard_check = CheckedTest(self.allow_guard, s.drift_confirm_signals)
         self.per_tool = PerTool()
         self._recent: deque[tuple[float, float]] = deque(maxlen=s.window)  # (p_cal, label)
-        self._seqs: deque[int] = deque(maxlen=_RUN_MEMORY)  # seq of each drift observation
-        #: (fingerprint, predicted block, labelled block) of each, and the corrections
-        #: since the run began: what `AlarmRecheck` reruns the test on
-        self._records: deque[tuple[bytes, bool, bool]] = deque(maxlen=_RUN_MEMORY)
-        self._fixes: OrderedDict[bytes, bool] = OrderedDict()
-        self._run = 0  # observations since the detector's last reset
-        #: all of the run is in `_records` (not after a restart, nor past _RUN_MEMORY)
-        self._run_complete = True
-        self.recheck: AlarmRecheck | None = None  # an alarm waiting for corrections
-        #: (began seq, confirmed) of alarms decided and not yet taken by the trainer
+        #: (began seq, confirmed) of the drift alarms decided, for the trainer
         self._verdicts: deque[tuple[int, bool]] = deque()
-        self.drift_withdrawn = 0
         self.adapt_until = 0  # total_scored at which adaptation after a drift ends
-        self.allow_hold_until = 0  # total_scored at which the allow band reopens
-        self.guard_hold_until = 0  # ... as far as the allow band's own guard is concerned
+        # total_scored at which the allow band reopens, as far as a drift alarm / an alarm
+        # of the allow band's own guard is concerned
+        self.drift_hold_until = 0
+        self.guard_hold_until = 0
         self.last_drift_seq: int | None = None
+
+    def update_settings(self, **changes: float) -> None:
+        """Reloaded settings (`MonitorSettings` fields); the alarms' wait follows."""
+        self.settings = replace(self.settings, **changes)
+        self.drift_check.wait = self.guard_check.wait = self.settings.drift_confirm_signals
 
     def observe(self, seq: int, fingerprint: bytes, feedback: str | None, label: float,
                 z: float, p: float, tool: str | None = None, z_deep: float = 0.0
                 ) -> int | None:
         """Record one scored signal (of `tool`, for the per-tool view). Returns the
-        sequence number where a policy change began when this observation confirms one,
-        else None."""
+        sequence number where a policy change began when this observation raises a drift
+        alarm, else None (the alarm's verdict comes later: `take_verdicts`)."""
         self.window.add(p, label)
         if tool is not None:
             self.per_tool.observe(tool, p, label)
-        if feedback in CORRECTIONS:
+        correction = feedback in CORRECTIONS
+        if correction:
             self.corrected.correct(fingerprint, label)
             self.calibrator.relabel(fingerprint, label)
         else:
@@ -109,106 +108,64 @@ class Monitor:
         self._recent.append((p, label))
         self.calibrator.update(z, label, fingerprint, z_deep)
         if p >= self.settings.allow_band_p:
-            self._guard_allow_band(label)
-        self._seqs.append(seq)
-        self._run += 1
-        correction = feedback in CORRECTIONS
-        self._remember(fingerprint, p < 0.5, label < 0.5, correction)
-        start = self.drift.update(float((p < 0.5) != (label < 0.5)))
-        if start is None:
-            return None
-        # `start` observations of this detector run came before the change; the deque
-        # holds the last len(_seqs) of the run's `_run` observations.
-        i = max(0, min(len(self._seqs) - 1, start - (self._run - len(self._seqs))))
-        began = self._seqs[i]
-        self._hold_for_corrections(began)
-        self._seqs.clear()
-        self._records.clear()
-        self._fixes.clear()
-        self._run = 0
-        self._run_complete = True
-        self.adapt_until = self.window.total_scored + self.settings.drift_adapt_signals
-        self._hold_allow_band()
-        self.last_drift_seq = began
+            self._guard_allow_band(seq, fingerprint, label, correction)
+        elif correction:
+            self.guard_check.correct(fingerprint, label < 0.5)
+        began = self.drift_check.observe(seq, fingerprint, p < 0.5, label < 0.5, correction)
+        now = self.window.total_scored
+        if began is not None:
+            self.adapt_until = now + self.settings.drift_adapt_signals
+            self.drift_hold_until = max(self.drift_hold_until,
+                                        now + self.settings.allow_band_drift_hold)
+            self.last_drift_seq = began
+        for began_seq, confirmed in self.drift_check.take_verdicts():
+            self._verdicts.append((began_seq, confirmed))
+            if not confirmed:  # the gate's own mistakes, corrected since
+                self.adapt_until = min(self.adapt_until, now)
+                self.drift_hold_until = min(self.drift_hold_until, now)  # (the trainer logs)
         return began
 
-    def _remember(self, fingerprint: bytes, pred_block: bool, label_block: bool,
-                  correction: bool) -> None:
-        """Keep the observation for a recheck (the run's, or the waiting alarm's)."""
-        if self.recheck is not None:
-            self.recheck.add(fingerprint, pred_block, label_block, correction)
-            if self.recheck.due:
-                self._decide()
-        if correction:
-            self._fixes[fingerprint] = label_block
-            self._fixes.move_to_end(fingerprint)
-            if len(self._fixes) > _RUN_MEMORY:
-                self._fixes.popitem(last=False)
-        if len(self._records) == self._records.maxlen:
-            self._run_complete = False
-        self._records.append((fingerprint, pred_block, label_block))
-
-    def _hold_for_corrections(self, began: int) -> None:
-        """An alarm: wait `drift_confirm_signals` observations for corrections before the
-        verdict; at once (confirmed) when not waiting, or when the run is not all here."""
-        if self.recheck is not None:  # a second alarm while one waits: both stand
-            self._verdicts.append((self.recheck.began_seq, True))
-            self.recheck = None
-        wait = self.settings.drift_confirm_signals
-        if wait <= 0 or not self._run_complete:
-            self._verdicts.append((began, True))
-            return
-        self.recheck = AlarmRecheck(self.drift, list(self._records), self._fixes, began, wait)
-
-    def _decide(self) -> None:
-        """The waiting alarm's verdict. Withdrawn: the labels that raised it were the gate's
-        mistakes, corrected since; adaptation ends and the band reopens (unless the allow
-        band's guard holds it)."""
-        recheck, self.recheck = self.recheck, None
-        confirmed = recheck.confirmed()
-        self._verdicts.append((recheck.began_seq, confirmed))
-        if confirmed:
-            return
-        self.drift_withdrawn += 1
-        now = self.window.total_scored
-        self.adapt_until = min(self.adapt_until, now)
-        self.allow_hold_until = max(min(self.allow_hold_until, now), self.guard_hold_until)
-        log.info("drift alarm withdrawn: on the labels as corrected since, the error rate "
-                 "did not rise (the rise was the gate's own mistakes, which people "
-                 "corrected); adaptation ended, nothing dropped")
-
     def take_verdicts(self) -> list[tuple[int, bool]]:
-        """(began seq, confirmed) of each alarm decided since the last call, oldest first:
-        the trainer drops the replay before a confirmed change, keeps it for a withdrawn
-        one."""
+        """(began seq, confirmed) of each drift alarm decided since the last call, oldest
+        first: the trainer drops the replay before a confirmed change, keeps it for a
+        withdrawn one."""
         out = list(self._verdicts)
         self._verdicts.clear()
         return out
 
     @property
     def drift_pending(self) -> bool:
-        """An alarm is waiting for corrections (its replay set aside meanwhile)."""
-        return self.recheck is not None
+        """A drift alarm is waiting for corrections (its replay set aside meanwhile)."""
+        return self.drift_check.pending
 
     @property
     def adapting(self) -> bool:
         """True for `drift_adapt_signals` signals after a detected drift."""
         return self.window.total_scored < self.adapt_until
 
-    def _guard_allow_band(self, label: float) -> None:
+    def _guard_allow_band(self, seq: int, fingerprint: bytes, label: float,
+                          correction: bool) -> None:
         """One call in the allow band: did the gate say block? A rise of that rate (a
         policy change that blocks what used to pass, seen by the gate first) closes the
-        allow band for `allow_band_drift_hold` signals. The error-stream detector above
+        allow band for `allow_band_drift_hold` signals at once. The error-stream detector
         sees it too, but later: it watches every call, and its alarm came after most of
-        the wrong allows (docs/learning.md)."""
-        if self.allow_guard.update(float(label < 0.5)) is not None:
-            self.guard_hold_until = (self.window.total_scored
-                                     + self.settings.allow_band_drift_hold)
-            self._hold_allow_band()
+        the wrong allows (docs/learning.md). Like a drift alarm, the guard's waits for the
+        corrections of those blocks: withdrawn (people said they were wrong), the band
+        reopens."""
+        now = self.window.total_scored
+        if self.guard_check.observe(seq, fingerprint, False, label < 0.5,
+                                    correction) is not None:
+            self.guard_hold_until = max(self.guard_hold_until,
+                                        now + self.settings.allow_band_drift_hold)
             log.warning("allow band closed for the next %d signals: the gate blocked more of "
                         "the calls gated would allow than before (allow-band guard, "
                         "Page-Hinkley); those are answered 'ask' meanwhile, nothing is lost",
                         self.settings.allow_band_drift_hold)
+        for _, confirmed in self.guard_check.take_verdicts():
+            if not confirmed:
+                self.guard_hold_until = min(self.guard_hold_until, now)
+                log.info("allow band's guard alarm withdrawn: the blocks that raised it were "
+                         "the gate's own mistakes, corrected since; the band reopens")
 
     def watch_allow_band(self, allow_band_p: float) -> None:
         """`bands.allow` was reloaded: the guard watches the calls from `allow_band_p` on.
@@ -224,24 +181,25 @@ class Monitor:
                  self.settings.allow_band_p)
         self.settings = replace(self.settings, allow_band_p=allow_band_p)
         self.allow_guard.reset()
+        self.guard_check = CheckedTest(self.allow_guard, self.settings.drift_confirm_signals)
 
-    def _hold_allow_band(self) -> None:
-        """Close the allow band for the next `allow_band_drift_hold` scored signals (an
-        alarm during a hold extends it, never shortens it)."""
-        self.allow_hold_until = max(self.allow_hold_until, self.window.total_scored
-                                    + self.settings.allow_band_drift_hold)
+    @property
+    def allow_hold_until(self) -> int:
+        """total_scored at which the allow band reopens (the later of the two holds)."""
+        return max(self.drift_hold_until, self.guard_hold_until)
 
     @property
     def allow_band_open(self) -> bool:
         """May serving answer `allow` at all? Not before progressive validation has scored
         `allow_band_after` fresh signals (counted by the calibrator, which keeps its count
-        across restarts), nor for `allow_band_drift_hold` signals after a detected policy
-        change or an alarm of the allow band's own guard (`_guard_allow_band`). Why
-        (measured, docs/learning.md "The allow band waits for evidence"): in its first 500
-        signals flint put 9-18 calls the TRUE policy blocks in the allow band (ten CPU
-        runs; p 0.90-0.999, a credential read at signal 33 with p 0.991), the allow band's
-        precision there ~0.96 against >= 0.9995 outside the first 500 and the 500 after a
-        policy change. Closed, those calls are answered `ask`; p_allow is unchanged."""
+        across restarts), nor for `allow_band_drift_hold` signals after a drift alarm or an
+        alarm of the allow band's own guard (`_guard_allow_band`), unless the alarm is
+        withdrawn. Why (measured, docs/learning.md "The allow band waits for evidence"): in
+        its first 500 signals flint put 9-18 calls the TRUE policy blocks in the allow band
+        (ten CPU runs; p 0.90-0.999, a credential read at signal 33 with p 0.991), the allow
+        band's precision there ~0.96 against >= 0.9995 outside the first 500 and the 500
+        after a policy change. Closed, those calls are answered `ask`; p_allow is
+        unchanged."""
         if self.calibrator.seen < self.settings.allow_band_after:
             return False
         return self.window.total_scored >= self.allow_hold_until
@@ -255,24 +213,25 @@ class Monitor:
                 "calibration_a": self.calibrator.a, "calibration_b": self.calibrator.b,
                 "calibration_d": self.calibrator.d,
                 "drift_detections": float(self.drift.detections),
-                "drift_withdrawn": float(self.drift_withdrawn),
+                "drift_withdrawn": float(self.drift_check.withdrawn),
                 "drift_pending": float(self.drift_pending),
                 "adapting": float(self.adapting),
                 "allow_band_open": float(self.allow_band_open),
                 "allow_guard_alarms": float(self.allow_guard.detections),
+                "allow_guard_withdrawn": float(self.guard_check.withdrawn),
                 "allow_guard_band": self.settings.allow_band_p}
 
     def state(self) -> dict:
+        now = self.window.total_scored
         return {"corrected": self.corrected.dump(), "calibrator": self.calibrator.state(),
                 "drift": self.drift.state(), "allow_guard": self.allow_guard.state(),
+                "drift_check": self.drift_check.state(),
+                "guard_check": self.guard_check.state(),
                 "recent": [list(r) for r in self._recent],
                 "per_tool": self.per_tool.state(),
-                "adapt_left": max(0, self.adapt_until - self.window.total_scored),
-                "allow_hold_left": max(0, self.allow_hold_until - self.window.total_scored),
-                "guard_hold_left": max(0, self.guard_hold_until - self.window.total_scored),
-                "drift_withdrawn": self.drift_withdrawn,
-                "drift_pending_began": (None if self.recheck is None
-                                        else self.recheck.began_seq)}
+                "adapt_left": max(0, self.adapt_until - now),
+                "allow_hold_left": max(0, self.allow_hold_until - now),
+                "guard_hold_left": max(0, self.guard_hold_until - now)}
 
     def load(self, state: dict | None) -> None:
         if not state:
@@ -283,15 +242,12 @@ class Monitor:
         self.allow_guard.load(state.get("allow_guard"))
         self.per_tool.load(state.get("per_tool"))
         self._recent.extend(tuple(r) for r in state.get("recent", []))
-        self.adapt_until = self.window.total_scored + int(state.get("adapt_left", 0))
-        self.allow_hold_until = (self.window.total_scored
-                                 + int(state.get("allow_hold_left", 0)))
-        self.guard_hold_until = (self.window.total_scored
-                                 + int(state.get("guard_hold_left", 0)))
-        self.drift_withdrawn = int(state.get("drift_withdrawn", 0))
-        # The run's observations are not checkpointed: an alarm that was waiting for its
-        # corrections stands (its replay is dropped, as without the wait), and the next
-        # alarm of this run is confirmed at once.
-        self._run_complete = not self.drift.n
-        if state.get("drift_pending_began") is not None:
-            self._verdicts.append((int(state["drift_pending_began"]), True))
+        now = self.window.total_scored
+        self.adapt_until = now + int(state.get("adapt_left", 0))
+        # the band's hold as saved (older states: one hold for both alarms)
+        self.drift_hold_until = now + int(state.get("allow_hold_left", 0))
+        self.guard_hold_until = now + int(state.get("guard_hold_left", 0))
+        # the runs' observations are not checkpointed: alarms that waited stand
+        self.drift_check.load(state.get("drift_check"))
+        self.guard_check.load(state.get("guard_check"))
+        self._verdicts.extend(self.drift_check.take_verdicts())

@@ -20,7 +20,7 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -232,9 +232,8 @@ class Trainer(GpuFallback, Publication, threading.Thread):
         if hasattr(self, "promotion"):
             self.promotion.margin = s.promotion_margin
         if hasattr(self, "monitor"):
-            self.monitor.settings = replace(self.monitor.settings,
-                                            drift_adapt_signals=s.drift_adapt_signals,
-                                            drift_confirm_signals=s.drift_confirm_signals)
+            self.monitor.update_settings(drift_adapt_signals=s.drift_adapt_signals,
+                                         drift_confirm_signals=s.drift_confirm_signals)
         self.opt.weight_decay, self.opt.clip_norm = s.weight_decay, s.clip_norm
         self.opt.schedule.warmup_steps, self.opt.schedule.cosine_steps = (s.warmup_steps,
                                                                           s.cosine_steps)
@@ -502,10 +501,11 @@ class Trainer(GpuFallback, Publication, threading.Thread):
         replays them again."""
         if not confirmed:
             self.replay_floor = 0
-            log.warning("drift alarm withdrawn: the signals that raised it were the gate's "
-                        "own mistakes, corrected since; the replay examples from before "
-                        "signal %d are kept and replayed again, EWC and replay back to "
-                        "normal", began_seq)
+            log.info("drift alarm withdrawn: on the labels as corrected since, the error "
+                     "rate did not rise (the gate's own mistakes, which people corrected); "
+                     "the replay examples from before signal %d are kept and replayed "
+                     "again, EWC and replay back to normal, the allow band's drift hold "
+                     "lifted", began_seq)
             self.events.on_drift_verdict(began_seq, False, 0)
             return
         dropped = self.store.reservoir_forget_before(began_seq)
