@@ -111,7 +111,7 @@ from gated.engine.model import Model  # noqa: E402
 from gated.engine.tokenizer import source_batch  # noqa: E402
 from gated.engine.wide import PAIR_KEYS  # noqa: E402
 from gated.engine.wide_learner import WideAdaGrad  # noqa: E402
-from gated.online.drift import AlarmRecheck, PageHinkley  # noqa: E402
+from gated.online.drift import CheckedTest, PageHinkley  # noqa: E402
 from gated.online.monitor import MonitorSettings  # noqa: E402
 from gated.online.second_look import SecondLook  # noqa: E402
 from gated.signals import context_fingerprint  # noqa: E402
@@ -209,14 +209,12 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
     org_uploads: list[tuple[bool, bool]] = []  # (gated right, anchor right)
     switch_ord = n
     look: SecondLook[tuple] = SecondLook(second_look)
-    detector = PageHinkley(MonitorSettings.drift_delta, MonitorSettings.drift_threshold,
-                           MonitorSettings.drift_min_samples) if drift_relax >= 0 else None
-    observed: list[int] = []  # signal index of each observation since the detector's reset
-    # the daemon's recheck of an alarm (`Monitor`, `AlarmRecheck`): the run's (fingerprint,
-    # predicted block, labelled block) and corrections; the verdicts go into "drifts"
-    run: list[tuple[bytes, bool, bool]] = []
-    fixes: dict[bytes, bool] = {}
-    waiting: AlarmRecheck | None = None
+    # the daemon's drift detector, its alarms rechecked after the corrections of its wait
+    # (`Monitor.drift_check`); the verdicts go into "drifts"
+    detector = CheckedTest(PageHinkley(MonitorSettings.drift_delta,
+                                       MonitorSettings.drift_threshold,
+                                       MonitorSettings.drift_min_samples),
+                           TrainConfig().drift_confirm_signals) if drift_relax >= 0 else None
 
     def flush() -> None:
         for f_p, y_p, w_p, seq, fp in pending:
@@ -243,9 +241,7 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
         y, w = label_weight(s)
         fp = context_fingerprint(s["context"], s.get("history"))
         if detector is not None and ev.is_correction:
-            fixes[fp] = y < 0.5
-            if waiting is not None:
-                waiting.fixes[fp] = y < 0.5
+            detector.correct(fp, y < 0.5)
         if not ev.is_correction:
             z = z_of_one(f)
             right_w.append((z >= 0) == ev.true_allow)
@@ -253,25 +249,16 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
             if ev.true_allow and org_upload_after_sensitive_read(s["context"], s.get("history")):
                 org_uploads.append((right_w[-1], right_a[-1]))
             if detector is not None:
-                observed.append(i)
-                start = detector.update(float((z >= 0) != (y >= 0.5)))
-                run.append((fp, z < 0, y < 0.5))
-                if waiting is not None:
-                    waiting.add(fp, z < 0, y < 0.5, False)
-                    if waiting.due:
-                        drifts[-1] = (*drifts[-1][:2], waiting.confirmed())
-                        waiting = None
-                if start is not None:  # the trainer's on_drift, for the wide path
-                    began = observed[min(start, len(observed) - 1)]
+                began = detector.observe(i, fp, z < 0, y < 0.5, False)
+                if began is not None:  # the trainer's on_drift, for the wide path
                     look.forget_before(began)
                     wide.relax(drift_relax, None if drift_relax_pair < 0 else drift_relax_pair)
                     if drift_cap > 0:
                         np.minimum(wide.g2, drift_cap, out=wide.g2)
                     drifts.append((i, began, None))
-                    observed.clear()
-                    waiting = AlarmRecheck(detector, run, fixes, began,
-                                           TrainConfig().drift_confirm_signals)
-                    run, fixes = [], {}
+                for b, confirmed in detector.take_verdicts():
+                    k = next(j for j, d in enumerate(drifts) if d[1] == b and d[2] is None)
+                    drifts[k] = (*drifts[k][:2], confirmed)
         look.note(fp, y)
         pending.append((f, y, correction_weight if correction_weight and ev.is_correction
                         else w, i, fp))

@@ -205,7 +205,7 @@ def test_a_resumed_trainer_acts_on_an_alarm_that_was_waiting(tmp_path):
     """The run the recheck needs is not checkpointed: at a resume the alarm stands and the
     stale replay is dropped before any step could replay it."""
     store, trainer, _ = _drift_at_22(tmp_path)
-    trainer.monitor.drift_check.recheck = AlarmRecheck(trainer.monitor.drift, [], {}, 22, 50)
+    trainer.monitor.drift_check.recheck = AlarmRecheck(trainer.monitor.drift, [], [], {}, 22, 50)
     trainer.checkpoint()
     resumed, _ = build_trainer(store, trainer.model.cfg, trainer.settings)
     assert {e["context"] for e in store.reservoir_sample(100, resumed.rng)} == _SINCE_22

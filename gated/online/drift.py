@@ -87,6 +87,21 @@ class PageHinkley:
         hits = np.flatnonzero((n >= self.min_samples) & (cum - low > self.threshold))
         return int(hits[0]) if hits.size else None
 
+    def resume_from(self, errors: np.ndarray) -> None:
+        """Take the state `update` reaches on `errors` from a reset, none of them an alarm
+        (a withdrawn alarm: `CheckedTest._decide`)."""
+        self.reset()
+        e = np.asarray(errors, dtype=np.float64)
+        if not e.size:
+            return
+        n = np.arange(1, e.size + 1)
+        cum = np.cumsum(e - np.cumsum(e) / n - self.delta)
+        self.n, self.mean, self.cum = int(e.size), float(e.mean()), float(cum[-1])
+        lowest = int(np.argmin(cum))
+        if cum[lowest] < 0.0:
+            self.cum_min, self.min_at = float(cum[lowest]), lowest + 1
+        self._recent.extend(e[-self._recent.maxlen:].tolist())
+
     def state(self) -> dict:
         return {"n": self.n, "mean": self.mean, "cum": self.cum, "cum_min": self.cum_min,
                 "min_at": self.min_at, "detections": self.detections}
@@ -105,31 +120,36 @@ class AlarmRecheck:
     """An alarm held for `wait` more observations, then tested again on corrected labels.
 
     `run` is what the detector saw since its last reset up to the alarm, as (fingerprint,
-    predicted block, labelled block); `fixes` the corrections (fingerprint -> block) that
-    arrived meanwhile. The wait's observations and corrections are added as they come;
-    `confirmed` reruns the detector's test over the run and the wait with every label
-    replaced by its newest correction: still an alarm means the labels that raised it stand
-    (a policy change), none means the rise was mistakes that people have since corrected.
+    predicted block, labelled block), `seqs` their sequence numbers; `fixes` the
+    corrections (fingerprint -> block) that arrived meanwhile. The wait's observations and
+    corrections are added as they come; `confirmed` reruns the detector's test over the run
+    and the wait with every label replaced by its newest correction: still an alarm means
+    the labels that raised it stand (a policy change), none means the rise was mistakes
+    that people have since corrected.
     """
 
     def __init__(self, detector: PageHinkley, run: list[tuple[bytes, bool, bool]],
-                 fixes: dict[bytes, bool], began_seq: int, wait: int) -> None:
+                 seqs: list[int], fixes: dict[bytes, bool], began_seq: int,
+                 wait: int) -> None:
         self.detector, self.began_seq, self.left = detector, began_seq, wait
-        self.run, self.fixes = run, dict(fixes)
+        self.run, self.seqs, self.fixes = run, seqs, dict(fixes)
 
-    def add(self, fingerprint: bytes, pred_block: bool, label_block: bool) -> None:
+    def add(self, seq: int, fingerprint: bytes, pred_block: bool, label_block: bool) -> None:
         """One more observation of the wait (corrections go into `fixes`)."""
         self.run.append((fingerprint, pred_block, label_block))
+        self.seqs.append(seq)
         self.left -= 1
 
     @property
     def due(self) -> bool:
         return self.left <= 0
 
+    def corrected_errors(self) -> np.ndarray:
+        return np.fromiter((pred != self.fixes.get(fp, label) for fp, pred, label in self.run),
+                           dtype=np.float64, count=len(self.run))
+
     def confirmed(self) -> bool:
-        errors = np.fromiter((pred != self.fixes.get(fp, label) for fp, pred, label in self.run),
-                             dtype=np.float64, count=len(self.run))
-        return self.detector.first_alarm(errors) is not None
+        return self.detector.first_alarm(self.corrected_errors()) is not None
 
 
 class CheckedTest:
@@ -169,9 +189,9 @@ class CheckedTest:
         if correction:
             self.correct(fingerprint, label_block)
         if self.recheck is not None:
-            self.recheck.add(fingerprint, pred_block, label_block)
-            if self.recheck.due:
-                self._decide()
+            self.recheck.add(seq, fingerprint, pred_block, label_block)
+            if self.recheck.due and not self._decide():
+                return None  # withdrawn: the run goes on from before the spell
         if len(self._records) == RUN_MEMORY:
             self._complete = False
         self._records.append((fingerprint, pred_block, label_block))
@@ -190,8 +210,8 @@ class CheckedTest:
         if self.wait <= 0 or not self._complete:
             self._verdicts.append((began, True))
         else:
-            self.recheck = AlarmRecheck(self.test, list(self._records), self._fixes, began,
-                                        self.wait)
+            self.recheck = AlarmRecheck(self.test, list(self._records), list(self._seqs),
+                                        self._fixes, began, self.wait)
         self._seqs.clear()
         self._records.clear()
         self._fixes.clear()
@@ -199,11 +219,26 @@ class CheckedTest:
         self._complete = True
         return began
 
-    def _decide(self) -> None:
+    def _decide(self) -> bool:
+        """The waiting alarm's verdict (True: confirmed). Withdrawn, the run it interrupted
+        goes on from where the rise began, as the test saw it: the spell of the gate's
+        mistakes left out, the rate before it the baseline again (a real change right after
+        is measured against it, not hidden in a fresh run that would start with it)."""
         recheck, self.recheck = self.recheck, None
         confirmed = recheck.confirmed()
-        self.withdrawn += not confirmed
         self._verdicts.append((recheck.began_seq, confirmed))
+        if not confirmed:
+            self.withdrawn += 1
+            k = next((i for i, q in enumerate(recheck.seqs) if q >= recheck.began_seq),
+                     len(recheck.seqs))
+            run = recheck.run[:k]
+            self.test.resume_from(np.array([pred != label for _, pred, label in run], float))
+            self._records = deque(run, maxlen=RUN_MEMORY)
+            self._seqs = deque(recheck.seqs[:k], maxlen=RUN_MEMORY)
+            self._fixes = OrderedDict(recheck.fixes)
+            self._run = k
+            self._complete = k <= RUN_MEMORY
+        return confirmed
 
     def take_verdicts(self) -> list[tuple[int, bool]]:
         """(began seq, confirmed) of each alarm decided since the last call, oldest first."""
