@@ -541,9 +541,8 @@ def summary(r: dict) -> list[str]:
             f"{b:,} " + (f"confirmed, {d:,} replay examples dropped" if c
                          else "withdrawn, replay kept") for b, c, d in r.get("drifts", []))
             or "none")
-        + "; the allow band's guard: {:.0f} alarms, {:.0f} withdrawn".format(
-            r["rows"][-1].get("allow_guard_alarms", 0),
-            r["rows"][-1].get("allow_guard_withdrawn", 0)),
+        + "; the allow band's guard: {:.0f} alarms".format(
+            r["rows"][-1].get("allow_guard_alarms", 0)),
     ]
 
 

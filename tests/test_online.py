@@ -231,8 +231,9 @@ def _burst_then(mon: Monitor, rng: random.Random, *, policy_change: bool,
 def test_a_bad_spell_of_the_gate_is_withdrawn_a_policy_change_confirmed():
     """The alarm waits `drift_confirm_signals` observations, then reruns the test on the
     corrected labels: the gate's mistakes, corrected since, no longer rise (withdrawn:
-    adaptation ends, the drift's allow-band hold is lifted); a policy change's labels
-    stand (confirmed); so do uncorrected mistakes (nothing says they were wrong)."""
+    adaptation ends; the allow band's hold stays, `ask` being the cautious answer); a
+    policy change's labels stand (confirmed); so do uncorrected mistakes (nothing says
+    they were wrong)."""
     s = MonitorSettings(allow_band_after=0, allow_band_drift_hold=300, drift_confirm_signals=50)
     for seed in range(4):
         mon = Monitor(s)
@@ -241,7 +242,7 @@ def test_a_bad_spell_of_the_gate_is_withdrawn_a_policy_change_confirmed():
         assert 800 < alarm < 1100 and decided > alarm, seed
         verdicts = mon.take_verdicts()
         assert not verdicts[0][1] and abs(verdicts[0][0] - 800) < 100, (seed, verdicts)
-        assert then == (False, True)  # adaptation ended, the band open again
+        assert then == (False, False)  # adaptation ended; the band's hold stays (safety)
         # The spell goes on (300 calls): its mistakes not corrected yet may raise the alarm
         # again, and the fifth of them never corrected may, in the end, bear it out.
         assert mon.stats()["drift_withdrawn"] >= 1 and len(verdicts) == mon.drift.detections
@@ -349,37 +350,6 @@ def test_the_allow_bands_guard_closes_it_when_the_gate_blocks_what_it_would_allo
     assert closed_at is not None and 1000 < closed_at <= 1100, closed_at
     assert mon.stats()["allow_guard_alarms"] == 1.0 and mon.drift.detections == 0
     assert mon.state()["allow_hold_left"] == 100
-
-
-def test_the_guards_alarm_is_withdrawn_when_people_correct_the_blocks_that_raised_it():
-    """A bad spell of the gate that blocks calls in the allow band closes the band at once;
-    when people correct those blocks within the wait, the guard's alarm is withdrawn and
-    the band reopens long before its hold ends. Uncorrected, the hold runs its course."""
-    s = MonitorSettings(allow_band_after=0, allow_band_drift_hold=300, drift_confirm_signals=50)
-    for corrected in (0.9, 0.0):
-        mon = Monitor(s)
-        rng = random.Random(3)
-        due: dict[int, list[bytes]] = {}
-        closed_at = reopened_at = None
-        for seq in range(1, 1700):
-            fp = seq.to_bytes(16, "big")
-            mistake = rng.random() < (0.3 if 1000 <= seq < 1060 else 0.02)
-            if mistake and rng.random() < corrected:
-                due.setdefault(seq + rng.randint(5, 30), []).append(fp)
-            mon.observe(seq, fp, None, 0.0 if mistake else 1.0, 3.0, 0.95)
-            for fix in due.pop(seq, []):
-                mon.observe(seq, fix, "false_positive", 1.0, 3.0, 0.95)
-            if closed_at is None and not mon.allow_band_open:
-                closed_at = seq
-            elif closed_at is not None and reopened_at is None and mon.allow_band_open:
-                reopened_at = seq
-        assert closed_at is not None and 1000 < closed_at < 1060, (corrected, closed_at)
-        stats = mon.stats()
-        assert stats["allow_guard_alarms"] == 1.0
-        if corrected:
-            assert stats["allow_guard_withdrawn"] == 1.0 and reopened_at - closed_at < 150
-        else:
-            assert stats["allow_guard_withdrawn"] == 0.0 and reopened_at - closed_at >= 300
 
 
 def test_a_reloaded_bands_allow_moves_the_guard_and_restarts_its_test():

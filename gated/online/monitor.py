@@ -34,9 +34,9 @@ class MonitorSettings:
     drift_threshold: float = 12.0
     drift_min_samples: int = 200
     drift_adapt_signals: int = 1000
-    #: an alarm (of the drift detector or the allow band's guard) waits this many of its
-    #: observations for the corrections of the labels that raised it, then is confirmed or
-    #: withdrawn (drift.py `CheckedTest`); 0: confirmed at once
+    #: a drift alarm waits this many observations for the corrections of the labels that
+    #: raised it, then is confirmed or withdrawn (drift.py `CheckedTest`); 0: confirmed at
+    #: once
     drift_confirm_signals: int = 50
     #: the allow band stays closed (would-be allows answered `ask`) until progressive
     #: validation has scored this many fresh signals: a fresh model's confident allows
@@ -71,24 +71,20 @@ class Monitor:
         self.drift = PageHinkley(s.drift_delta, s.drift_threshold, s.drift_min_samples)
         self.allow_guard = PageHinkley(s.allow_guard_delta, s.allow_guard_threshold,
                                        s.allow_guard_min_samples, memory=200)
-        # each test's alarms wait for the corrections of the labels that raised them
+        # the drift alarms wait for the corrections of the labels that raised them
         self.drift_check = CheckedTest(self.drift, s.drift_confirm_signals)
-        self.guard_check = CheckedTest(self.allow_guard, s.drift_confirm_signals)
         self.per_tool = PerTool()
         self._recent: deque[tuple[float, float]] = deque(maxlen=s.window)  # (p_cal, label)
         #: (began seq, confirmed) of the drift alarms decided, for the trainer
         self._verdicts: deque[tuple[int, bool]] = deque()
         self.adapt_until = 0  # total_scored at which adaptation after a drift ends
-        # total_scored at which the allow band reopens, as far as a drift alarm / an alarm
-        # of the allow band's own guard is concerned
-        self.drift_hold_until = 0
-        self.guard_hold_until = 0
+        self.allow_hold_until = 0  # total_scored at which the allow band reopens
         self.last_drift_seq: int | None = None
 
     def update_settings(self, **changes: float) -> None:
         """Reloaded settings (`MonitorSettings` fields); the alarms' wait follows."""
         self.settings = replace(self.settings, **changes)
-        self.drift_check.wait = self.guard_check.wait = self.settings.drift_confirm_signals
+        self.drift_check.wait = self.settings.drift_confirm_signals
 
     def observe(self, seq: int, fingerprint: bytes, feedback: str | None, label: float,
                 z: float, p: float, tool: str | None = None, z_deep: float = 0.0
@@ -108,21 +104,20 @@ class Monitor:
         self._recent.append((p, label))
         self.calibrator.update(z, label, fingerprint, z_deep)
         if p >= self.settings.allow_band_p:
-            self._guard_allow_band(seq, fingerprint, label, correction)
-        elif correction:
-            self.guard_check.correct(fingerprint, label < 0.5)
+            self._guard_allow_band(label)
         began = self.drift_check.observe(seq, fingerprint, p < 0.5, label < 0.5, correction)
         now = self.window.total_scored
         if began is not None:
             self.adapt_until = now + self.settings.drift_adapt_signals
-            self.drift_hold_until = max(self.drift_hold_until,
-                                        now + self.settings.allow_band_drift_hold)
+            self._hold_allow_band()
             self.last_drift_seq = began
         for began_seq, confirmed in self.drift_check.take_verdicts():
             self._verdicts.append((began_seq, confirmed))
-            if not confirmed:  # the gate's own mistakes, corrected since
+            if not confirmed:  # the gate's own mistakes, corrected since (the trainer logs)
+                # Adaptation ends; the allow band's hold does not: `ask` is the cautious
+                # answer, and a withdrawal can be wrong (docs/learning.md "A drift alarm
+                # waits for corrections").
                 self.adapt_until = min(self.adapt_until, now)
-                self.drift_hold_until = min(self.drift_hold_until, now)  # (the trainer logs)
         return began
 
     def take_verdicts(self) -> list[tuple[int, bool]]:
@@ -143,29 +138,20 @@ class Monitor:
         """True for `drift_adapt_signals` signals after a detected drift."""
         return self.window.total_scored < self.adapt_until
 
-    def _guard_allow_band(self, seq: int, fingerprint: bytes, label: float,
-                          correction: bool) -> None:
+    def _guard_allow_band(self, label: float) -> None:
         """One call in the allow band: did the gate say block? A rise of that rate (a
         policy change that blocks what used to pass, seen by the gate first) closes the
-        allow band for `allow_band_drift_hold` signals at once. The error-stream detector
+        allow band for `allow_band_drift_hold` signals. The error-stream detector above
         sees it too, but later: it watches every call, and its alarm came after most of
-        the wrong allows (docs/learning.md). Like a drift alarm, the guard's waits for the
-        corrections of those blocks: withdrawn (people said they were wrong), the band
-        reopens."""
-        now = self.window.total_scored
-        if self.guard_check.observe(seq, fingerprint, False, label < 0.5,
-                                    correction) is not None:
-            self.guard_hold_until = max(self.guard_hold_until,
-                                        now + self.settings.allow_band_drift_hold)
+        the wrong allows (docs/learning.md). Its alarms do not wait for corrections: a
+        withdrawn one reopened the band on a policy change (docs/learning.md "A drift
+        alarm waits for corrections")."""
+        if self.allow_guard.update(float(label < 0.5)) is not None:
+            self._hold_allow_band()
             log.warning("allow band closed for the next %d signals: the gate blocked more of "
                         "the calls gated would allow than before (allow-band guard, "
                         "Page-Hinkley); those are answered 'ask' meanwhile, nothing is lost",
                         self.settings.allow_band_drift_hold)
-        for _, confirmed in self.guard_check.take_verdicts():
-            if not confirmed:
-                self.guard_hold_until = min(self.guard_hold_until, now)
-                log.info("allow band's guard alarm withdrawn: the blocks that raised it were "
-                         "the gate's own mistakes, corrected since; the band reopens")
 
     def watch_allow_band(self, allow_band_p: float) -> None:
         """`bands.allow` was reloaded: the guard watches the calls from `allow_band_p` on.
@@ -181,25 +167,24 @@ class Monitor:
                  self.settings.allow_band_p)
         self.settings = replace(self.settings, allow_band_p=allow_band_p)
         self.allow_guard.reset()
-        self.guard_check = CheckedTest(self.allow_guard, self.settings.drift_confirm_signals)
 
-    @property
-    def allow_hold_until(self) -> int:
-        """total_scored at which the allow band reopens (the later of the two holds)."""
-        return max(self.drift_hold_until, self.guard_hold_until)
+    def _hold_allow_band(self) -> None:
+        """Close the allow band for the next `allow_band_drift_hold` scored signals (an
+        alarm during a hold extends it, never shortens it)."""
+        self.allow_hold_until = max(self.allow_hold_until, self.window.total_scored
+                                    + self.settings.allow_band_drift_hold)
 
     @property
     def allow_band_open(self) -> bool:
         """May serving answer `allow` at all? Not before progressive validation has scored
         `allow_band_after` fresh signals (counted by the calibrator, which keeps its count
         across restarts), nor for `allow_band_drift_hold` signals after a drift alarm or an
-        alarm of the allow band's own guard (`_guard_allow_band`), unless the alarm is
-        withdrawn. Why (measured, docs/learning.md "The allow band waits for evidence"): in
-        its first 500 signals flint put 9-18 calls the TRUE policy blocks in the allow band
-        (ten CPU runs; p 0.90-0.999, a credential read at signal 33 with p 0.991), the allow
-        band's precision there ~0.96 against >= 0.9995 outside the first 500 and the 500
-        after a policy change. Closed, those calls are answered `ask`; p_allow is
-        unchanged."""
+        alarm of the allow band's own guard (`_guard_allow_band`), withdrawn or not. Why
+        (measured, docs/learning.md "The allow band waits for evidence"): in its first 500
+        signals flint put 9-18 calls the TRUE policy blocks in the allow band (ten CPU
+        runs; p 0.90-0.999, a credential read at signal 33 with p 0.991), the allow band's
+        precision there ~0.96 against >= 0.9995 outside the first 500 and the 500 after a
+        policy change. Closed, those calls are answered `ask`; p_allow is unchanged."""
         if self.calibrator.seen < self.settings.allow_band_after:
             return False
         return self.window.total_scored >= self.allow_hold_until
@@ -218,7 +203,6 @@ class Monitor:
                 "adapting": float(self.adapting),
                 "allow_band_open": float(self.allow_band_open),
                 "allow_guard_alarms": float(self.allow_guard.detections),
-                "allow_guard_withdrawn": float(self.guard_check.withdrawn),
                 "allow_guard_band": self.settings.allow_band_p}
 
     def state(self) -> dict:
@@ -226,12 +210,10 @@ class Monitor:
         return {"corrected": self.corrected.dump(), "calibrator": self.calibrator.state(),
                 "drift": self.drift.state(), "allow_guard": self.allow_guard.state(),
                 "drift_check": self.drift_check.state(),
-                "guard_check": self.guard_check.state(),
                 "recent": [list(r) for r in self._recent],
                 "per_tool": self.per_tool.state(),
                 "adapt_left": max(0, self.adapt_until - now),
-                "allow_hold_left": max(0, self.allow_hold_until - now),
-                "guard_hold_left": max(0, self.guard_hold_until - now)}
+                "allow_hold_left": max(0, self.allow_hold_until - now)}
 
     def load(self, state: dict | None) -> None:
         if not state:
@@ -244,10 +226,7 @@ class Monitor:
         self._recent.extend(tuple(r) for r in state.get("recent", []))
         now = self.window.total_scored
         self.adapt_until = now + int(state.get("adapt_left", 0))
-        # the band's hold as saved (older states: one hold for both alarms)
-        self.drift_hold_until = now + int(state.get("allow_hold_left", 0))
-        self.guard_hold_until = now + int(state.get("guard_hold_left", 0))
-        # the runs' observations are not checkpointed: alarms that waited stand
+        self.allow_hold_until = now + int(state.get("allow_hold_left", 0))
+        # the run's observations are not checkpointed: an alarm that waited stands
         self.drift_check.load(state.get("drift_check"))
-        self.guard_check.load(state.get("guard_check"))
         self._verdicts.extend(self.drift_check.take_verdicts())

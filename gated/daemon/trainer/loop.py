@@ -504,8 +504,8 @@ class Trainer(GpuFallback, Publication, threading.Thread):
             log.info("drift alarm withdrawn: on the labels as corrected since, the error "
                      "rate did not rise (the gate's own mistakes, which people corrected); "
                      "the replay examples from before signal %d are kept and replayed "
-                     "again, EWC and replay back to normal, the allow band's drift hold "
-                     "lifted", began_seq)
+                     "again, EWC and replay back to normal (the allow band's hold after the "
+                     "alarm stays)", began_seq)
             self.events.on_drift_verdict(began_seq, False, 0)
             return
         dropped = self.store.reservoir_forget_before(began_seq)
