@@ -77,12 +77,16 @@ class PageHinkley:
         score[after / (n - k) <= ones / k] = -np.inf  # only rises are drift
         return int(k[np.argmax(score)]) if np.isfinite(score).any() else self.min_at
 
-    def first_alarm(self, errors: np.ndarray) -> int | None:
-        """Index of the observation at which this test, started afresh, would alarm on
-        `errors` (0/1), else None: the same sums as `update`, vectorised."""
+    def _sums(self, errors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(n, cum) after each of `errors` from a reset: `update`'s sums, vectorised."""
         e = np.asarray(errors, dtype=np.float64)
         n = np.arange(1, e.size + 1)
-        cum = np.cumsum(e - np.cumsum(e) / n - self.delta)
+        return n, np.cumsum(e - np.cumsum(e) / n - self.delta)
+
+    def first_alarm(self, errors: np.ndarray) -> int | None:
+        """Index of the observation at which this test, started afresh, would alarm on
+        `errors` (0/1), else None."""
+        n, cum = self._sums(errors)
         low = np.minimum(np.minimum.accumulate(cum), 0.0)
         hits = np.flatnonzero((n >= self.min_samples) & (cum - low > self.threshold))
         return int(hits[0]) if hits.size else None
@@ -94,8 +98,7 @@ class PageHinkley:
         e = np.asarray(errors, dtype=np.float64)
         if not e.size:
             return
-        n = np.arange(1, e.size + 1)
-        cum = np.cumsum(e - np.cumsum(e) / n - self.delta)
+        _, cum = self._sums(e)
         self.n, self.mean, self.cum = int(e.size), float(e.mean()), float(cum[-1])
         lowest = int(np.argmin(cum))
         if cum[lowest] < 0.0:
