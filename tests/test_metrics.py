@@ -72,10 +72,11 @@ def test_updates_show_in_the_scrape(served):
     m.set_learning({"alignment_corrected": 0.97, "ece": 0.031, "brier": 0.04,
                     "calibration_a": 0.8, "calibration_b": -0.3, "adapting": 1.0},
                    backpropagated=3)
-    m.drifted(dropped=120)
-    m.drifted(dropped=0)  # an alarm that waits for corrections: ...
-    m.drift_verdict(confirmed=True, dropped=30)  # ... confirmed, its replay dropped
-    m.drifted(dropped=0)
+    m.drifted()  # an alarm that waits for corrections: ...
+    m.drift_verdict(confirmed=True, dropped=120)  # ... confirmed, its replay dropped
+    m.drifted()
+    m.drift_verdict(confirmed=True, dropped=30)
+    m.drifted()
     m.drift_verdict(confirmed=False, dropped=0)  # a bad spell of the gate: withdrawn
     m.received(10)
     m.rejected("wrong_type")

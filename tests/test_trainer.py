@@ -117,14 +117,14 @@ def test_replay_skips_examples_contradicted_by_a_newer_signal(tmp_path):
 class _Counts(TrainerEvents):
     def __init__(self) -> None:
         self.backpropagated = 0
-        self.drifts: list[tuple[int, int]] = []
+        self.drifts: list[int] = []
         self.verdicts: list[tuple[int, bool, int]] = []
 
     def on_scored(self, window, converged, stats=None, backpropagated=0) -> None:
         self.backpropagated += backpropagated
 
-    def on_drift(self, began_seq: int, dropped: int) -> None:
-        self.drifts.append((began_seq, dropped))
+    def on_drift(self, began_seq: int) -> None:
+        self.drifts.append(began_seq)
 
     def on_drift_verdict(self, began_seq: int, confirmed: bool, dropped: int) -> None:
         self.verdicts.append((began_seq, confirmed, dropped))
@@ -187,7 +187,7 @@ def test_a_drift_alarm_sets_stale_replay_aside_and_its_confirmation_drops_it(tmp
     assert replayed == _SINCE_22  # the correction (locked) is never set aside
     trainer._on_drift_verdict(22, True)
     assert {e["context"] for e in store.reservoir_sample(100, trainer.rng)} == _SINCE_22
-    assert counts.drifts == [(22, 0)] and counts.verdicts == [(22, True, 20)]
+    assert counts.drifts == [22] and counts.verdicts == [(22, True, 20)]
     assert trainer.replay_floor == 0  # nothing left to set aside
     store.close()
 

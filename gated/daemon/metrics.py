@@ -411,10 +411,9 @@ class Metrics:
         if backpropagated:
             self.backpropagated.inc(backpropagated)
 
-    def drifted(self, dropped: int) -> None:
+    def drifted(self) -> None:
+        """A drift alarm (its verdict, and any replay it drops, come later)."""
         self.drift_detections.inc()
-        if dropped:
-            self.replay_dropped.inc(dropped)
 
     def drift_verdict(self, confirmed: bool, dropped: int) -> None:
         """A drift alarm decided after the corrections it waited for."""

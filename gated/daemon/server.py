@@ -249,7 +249,7 @@ class Daemon:
             if payload.get("per_tool"):
                 m.set_per_tool(payload["per_tool"])
         elif name == "drift":
-            m.drifted(payload[1])
+            m.drifted()
         elif name == "drift_verdict":
             m.drift_verdict(payload[1], payload[2])
         elif name == "promotion":

@@ -118,8 +118,8 @@ class PipeEvents:
     def on_gpu_fallback(self, reason: str) -> None:
         self._send("gpu_fallback", reason)
 
-    def on_drift(self, began_seq: int, dropped: int) -> None:
-        self._send("drift", (began_seq, dropped))
+    def on_drift(self, began_seq: int) -> None:
+        self._send("drift", began_seq)
 
     def on_drift_verdict(self, began_seq: int, confirmed: bool, dropped: int) -> None:
         self._send("drift_verdict", (began_seq, confirmed, dropped))
