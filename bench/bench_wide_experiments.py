@@ -94,6 +94,11 @@ only on uploads" (not kept); ``dest-unheld``, ``dest-allow-only`` and ``dest-cro
                                a conjunction learned from the first dozen exfiltrations
                                starts from two small factors (init 0.1), whose product
                                grows slowly at first
+    --experiment hist-distance=S
+                               every history entry the pair term reads gets a key of its
+                               distance back, ``hd|<k>`` of value S, in its own group: a
+                               secret read beyond the rule's window (11-12 calls back
+                               in the stream, TRUE allow) can be told from one inside it
     --experiment dest-secret   the destination key only on a call after a credential-file
                                read (`with_dest_after_secret`), stepped as usual
     --experiment dest-unheld   the pair hold (`train.wide_pair_hold`) spares the pair
@@ -308,6 +313,24 @@ def with_dest_after_secret(pair_features):
                 and not after_secret(history)):
             c_idx, c_val = c_idx[:-1], c_val[:-1]
         return (c_idx, c_val, *rest)
+    return features
+
+
+def with_hist_distance(pair_features, scale: float):
+    """`pair_features` whose every history entry with pair keys also gets ``hd|<k>`` of
+    value `scale`, k its distance back (1: the newest entry), in that entry's group: the
+    soft minimum scores each entry with its distance's factor added, so a rule that looks
+    only so far back can be learned per distance (a secret read 11 calls back, outside
+    such a rule, no longer teaches the secret's factor "allow")."""
+    def features(context, history, buckets, *rest):
+        c_idx, c_val, h_idx, h_val, h_grp = pair_features(context, history, buckets, *rest)
+        seen = (history or [])[-wide.MAX_STRUCTURED:]
+        back = [len(seen) - i for i, entry in enumerate(seen)
+                if isinstance(p := wide._parse_call(entry)[1].get("path"), str) and p]
+        groups = sorted(set(h_grp.tolist()))
+        keys = [wide._bucket(f"hd|{back[g]}", buckets) for g in groups]
+        return (c_idx, c_val, np.r_[h_idx, keys].astype(np.int64),
+                np.r_[h_val, [scale] * len(keys)], np.r_[h_grp, groups].astype(np.int64))
     return features
 
 
@@ -606,6 +629,9 @@ def main() -> None:
                                                             dest_rows, table, outside)
             WideAdaGrad.learn = with_dest_allow_only(WideAdaGrad.learn, dest_rows, kept,
                                                      ":looks" in exp, table, warm, outside)
+        elif exp.startswith("hist-distance="):
+            tokenizer.pair_features = with_hist_distance(tokenizer.pair_features,
+                                                         float(exp.split("=", 1)[1]))
         elif exp == "dest-secret":
             tokenizer.pair_features = with_dest_after_secret(tokenizer.pair_features)
         elif exp == "dest-unheld":
