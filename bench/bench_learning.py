@@ -114,6 +114,18 @@ class Probes:
                                 self.traffic.history_probes(self.n, self.seed + 1))
         return self._cache[pol]
 
+    def changed_share(self) -> float | None:
+        """The share of the unseen-value probes whose TRUE label the policy change flipped
+        (the same calls under both policies: `probes` draws them from the seed alone), or
+        None before a change. A learner still answering every probe as the old policy did
+        scores at most 1 - this, whatever it learned: the checkpoint right after the change
+        measures how much of the new policy a few dozen of its signals taught."""
+        if len(self._cache) < 2:
+            return None
+        old, new = (self._cache[p][0] for p in list(self._cache)[:2])
+        return float(np.mean([a.true_allow != b.true_allow for a, b in zip(old, new,
+                                                                           strict=True)]))
+
     def evaluate(self, predict, parts=None) -> dict[str, float]:
         """Accuracy of `predict` (items -> p_allow) on both sets. With `parts` (items ->
         p_allow, raw logits z, their transformer part, that part's mean on the stream's
@@ -335,7 +347,7 @@ def run(preset: str, lr: float, rate: float, n_signals: int, switch_at: int, see
                                                     serving.bands.allow),
             "allow_band_wait": (settings.allow_band_after, settings.allow_band_drift_hold),
             "switch_at": switch_at, "trained_steps": trained_examples,
-            "drifts": drifts.verdicts}
+            "drifts": drifts.verdicts, "probes_changed": probe.changed_share()}
 
 
 class DriftLog(TrainerEvents):
@@ -500,6 +512,20 @@ def _every_checkpoint(rows: list[dict], settled: int = 2000) -> str:
             f"twins {halves('probe_history_twins')}")
 
 
+def _right_after(r: dict) -> list[str]:
+    """The first checkpoint after the change beside what answering as before would score
+    there (`Probes.changed_share`)."""
+    after = [x for x in r["rows"] if x["n"] > r["switch_at"]]
+    if not after or r.get("probes_changed") is None:
+        return []
+    x, changed = after[0], r["probes_changed"]
+    return [f"- the first checkpoint after the change, {x['n'] - r['switch_at']} signals "
+            f"in: the change flipped the TRUE label of {100 * changed:.0f}% of the "
+            f"unseen-value probes, so answering every one as before it scores "
+            f"{1 - changed:.3f}; gated {x['probe_unseen']:.3f}, the anchor "
+            f"{x['probe_unseen_anchor']:.3f}"]
+
+
 def summary(r: dict) -> list[str]:
     rows, switch = r["rows"], r["switch_at"]
     beats = all(x["gated"] > x["anchor"] for x in rows)
@@ -525,6 +551,7 @@ def summary(r: dict) -> list[str]:
         f"{last_pre['probe_unseen_block_recall']:.3f}; history-rule probes "
         f"{last_pre['probe_history']:.3f} (anchor {last_pre['probe_history_anchor']:.3f})",
         _every_checkpoint(rows),
+        *_right_after(r),
         f"- last 2000 scored, against the TRUE label: ECE {r['ece_true']:.3f}, Brier "
         f"{r['brier_true']:.3f}, allow-band precision {r['allow_band_precision']:.4f} "
         f"({100 * r['allow_band_share']:.0f}% of calls in the allow band)",

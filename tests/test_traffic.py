@@ -174,6 +174,20 @@ def test_policy_change_flips_a_fifth(ordinary: list[Event]):
     assert 0.18 <= flip <= 0.27
 
 
+def test_probes_are_the_same_calls_under_both_policies():
+    """bench_learning's `Probes.changed_share` compares the unseen-value probes of the two
+    policies call by call: the same seed draws the same calls, only labels differ, and
+    the change flips about a fifth to a quarter of them."""
+    g = GatewayTraffic(seed=2)
+    before = g.probes(400, 1002)
+    g.policy = "v2"
+    after = g.probes(400, 1002)
+    assert [(e.signal["context"], e.signal["history"]) for e in before] == [
+        (e.signal["context"], e.signal["history"]) for e in after]
+    assert 0.15 <= _share(list(zip(before, after, strict=True)),
+                          lambda ab: ab[0].true_allow != ab[1].true_allow) <= 0.35
+
+
 @pytest.mark.parametrize(("context", "history", "policy", "want"), [
     (call("shell.exec", cmd="rm -rf build/x"), [], "v1", "allow"),
     (call("shell.exec", cmd=f"rm -rf {WS}/dist"), [], "v1", "allow"),
