@@ -99,6 +99,11 @@ only on uploads" (not kept); ``dest-unheld``, ``dest-allow-only`` and ``dest-cro
                                distance back, ``hd|<k>`` of value S, in its own group: a
                                secret read beyond the rule's window (11-12 calls back
                                in the stream, TRUE allow) can be told from one inside it
+    --experiment mark-place[:only]
+                               the sensitive-file mark on a history entry also names the
+                               file's place (`path_place`: a project's ``.env`` in a home's
+                               files, ``~/.ssh/id_rsa`` a home's dot entry, ``/etc/shadow``
+                               the system), ``:only``: instead of the plain mark
     --experiment dest-secret   the destination key only on a call after a credential-file
                                read (`with_dest_after_secret`), stepped as usual
     --experiment dest-unheld   the pair hold (`train.wide_pair_hold`) spares the pair
@@ -137,7 +142,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import bench_wide_features  # noqa: E402
 
 from gated.engine import tokenizer, wide  # noqa: E402
-from gated.engine.known_names import egress_call, sensitive_file  # noqa: E402
+from gated.engine.known_names import egress_call, path_place, sensitive_file  # noqa: E402
 from gated.engine.wide_learner import WideAdaGrad  # noqa: E402
 from gated.traffic import destination_class  # noqa: E402
 
@@ -331,6 +336,39 @@ def with_hist_distance(pair_features, scale: float):
         keys = [wide._bucket(f"hd|{back[g]}", buckets) for g in groups]
         return (c_idx, c_val, np.r_[h_idx, keys].astype(np.int64),
                 np.r_[h_val, [scale] * len(keys)], np.r_[h_grp, groups].astype(np.int64))
+    return features
+
+
+def with_mark_place(pair_features, only: bool):
+    """`pair_features` whose sensitive-file mark on a history entry also names the file's
+    place (known_names.py `path_place`: ``hf|fs.read|sensitive|home-files`` for a project's
+    ``.env``, ``...|home-dot`` for ``~/.ssh/id_rsa``, ``...|system`` for ``/etc/shadow``),
+    of the mark's value, in that entry's group; `only`: instead of the plain mark. Why: a
+    read of a system key and a read of a project secret share the one mark, and when the
+    rule counts only one of them the other's allows step the shared mark."""
+    def features(context, history, buckets, sensitive_scale=0.0, *rest):
+        c_idx, c_val, h_idx, h_val, h_grp = pair_features(context, history, buckets,
+                                                           sensitive_scale, *rest)
+        if sensitive_scale <= 0:
+            return c_idx, c_val, h_idx, h_val, h_grp
+        seen = (history or [])[-wide.MAX_STRUCTURED:]
+        entries = [wide._parse_call(e) for e in seen]
+        entries = [(t, a["path"]) for t, a in entries
+                   if isinstance(a.get("path"), str) and a["path"]]
+        keep = np.ones(len(h_idx), bool)
+        extra_idx, extra_grp = [], []
+        for g, (tool, path) in enumerate(entries):
+            if not sensitive_file(path):
+                continue
+            place = path_place(path) or "none"
+            extra_idx.append(wide._bucket(f"hf|{tool}|sensitive|{place}", buckets))
+            extra_grp.append(g)
+            if only:
+                plain = wide._bucket(f"hf|{tool}|sensitive", buckets)
+                keep &= ~((h_grp == g) & (h_idx == plain) & (h_val == sensitive_scale))
+        return (c_idx, c_val, np.r_[h_idx[keep], extra_idx].astype(np.int64),
+                np.r_[h_val[keep], [sensitive_scale] * len(extra_idx)],
+                np.r_[h_grp[keep], extra_grp].astype(np.int64))
     return features
 
 
@@ -632,6 +670,9 @@ def main() -> None:
         elif exp.startswith("hist-distance="):
             tokenizer.pair_features = with_hist_distance(tokenizer.pair_features,
                                                          float(exp.split("=", 1)[1]))
+        elif exp.startswith("mark-place"):  # mark-place[:only]
+            tokenizer.pair_features = with_mark_place(tokenizer.pair_features,
+                                                      exp.endswith(":only"))
         elif exp == "dest-secret":
             tokenizer.pair_features = with_dest_after_secret(tokenizer.pair_features)
         elif exp == "dest-unheld":
