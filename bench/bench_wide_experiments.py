@@ -321,6 +321,15 @@ def with_dest_after_secret(pair_features):
     return features
 
 
+def pair_entries(history) -> list[tuple[int, str, str]]:
+    """(distance back, tool, path) of each history entry `wide.pair_features` gives keys
+    to, in its order: entry g of the result is its history group g (1: the newest entry)."""
+    seen = (history or [])[-wide.MAX_STRUCTURED:]
+    calls = [(len(seen) - i, *wide._parse_call(entry)) for i, entry in enumerate(seen)]
+    return [(back, tool, args["path"]) for back, tool, args in calls
+            if isinstance(args.get("path"), str) and args["path"]]
+
+
 def with_hist_distance(pair_features, scale: float):
     """`pair_features` whose every history entry with pair keys also gets ``hd|<k>`` of
     value `scale`, k its distance back (1: the newest entry), in that entry's group: the
@@ -329,9 +338,7 @@ def with_hist_distance(pair_features, scale: float):
     such a rule, no longer teaches the secret's factor "allow")."""
     def features(context, history, buckets, *rest):
         c_idx, c_val, h_idx, h_val, h_grp = pair_features(context, history, buckets, *rest)
-        seen = (history or [])[-wide.MAX_STRUCTURED:]
-        back = [len(seen) - i for i, entry in enumerate(seen)
-                if isinstance(p := wide._parse_call(entry)[1].get("path"), str) and p]
+        back = [b for b, _, _ in pair_entries(history)]
         groups = sorted(set(h_grp.tolist()))
         keys = [wide._bucket(f"hd|{back[g]}", buckets) for g in groups]
         return (c_idx, c_val, np.r_[h_idx, keys].astype(np.int64),
@@ -351,13 +358,9 @@ def with_mark_place(pair_features, only: bool):
                                                            sensitive_scale, *rest)
         if sensitive_scale <= 0:
             return c_idx, c_val, h_idx, h_val, h_grp
-        seen = (history or [])[-wide.MAX_STRUCTURED:]
-        entries = [wide._parse_call(e) for e in seen]
-        entries = [(t, a["path"]) for t, a in entries
-                   if isinstance(a.get("path"), str) and a["path"]]
         keep = np.ones(len(h_idx), bool)
         extra_idx, extra_grp = [], []
-        for g, (tool, path) in enumerate(entries):
+        for g, (_, tool, path) in enumerate(pair_entries(history)):
             if not sensitive_file(path):
                 continue
             place = path_place(path) or "none"

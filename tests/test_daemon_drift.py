@@ -55,10 +55,10 @@ def _run(tmp_path, tail) -> tuple[dict, dict, str]:
         with d.client() as c:
             for batch in [stream.steady(10) for _ in range(STEADY // 10)] + tail(stream):
                 c.signals(batch)
-            wait_until(lambda: c.status()["scored"] == stream.n
-                       and c.status()["queue_depth"] == 0,
-                       what=f"all {stream.n} signals scored", timeout=120)
-            learning = c.status()["learning"]
+            status = wait_until(lambda: (s := c.status())["scored"] == stream.n
+                                and s["queue_depth"] == 0 and s,
+                                what=f"all {stream.n} signals scored", timeout=120)
+            learning = status["learning"]
             samples = metric_samples(d.scrape())
     finally:
         assert d.stop() == 0
