@@ -88,7 +88,12 @@ read in the window -- and their allow twins apart).
         --switch-at 4000 --every 500 --init-seed -1 --second-look 200 --pair-hold 3 \
         --drift-relax 1 \
         --grid 0.3,0.3,1e-3,8,0.1,0.5,1,0.5,0.1,0,-1,1,4,1,1,2,1,0.5,1,1,1,0.3,0.0625
-        # the destination's own rows (kept: today's defaults)
+        # the destination's own rows (kept)
+    .venv/bin/python bench/bench_wide_features.py --seeds 0 1 2 3 4 5 --signals 10000 \
+        --switch-at 4000 --every 500 --init-seed -1 --second-look 200 --pair-hold 3 \
+        --drift-relax 1 \
+        --grid 0.3,0.3,1e-3,8,0.1,0.5,1,0.5,0.1,0,-1,1,4,1,1,2,1,0.5,1,1,1,0.3,0.0625,1
+        # the sensitive mark's place (kept: today's defaults)
 """
 
 from __future__ import annotations
@@ -150,7 +155,7 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
            pair_hold: float = 0.0, drift_relax: float = -1.0,
            drift_relax_pair: float = -1.0, drift_cap: float = 0.0,
            destination: float = 0.0, domains: float = 0.0,
-           destination_share: float = 0.0) -> dict:
+           destination_share: float = 0.0, sensitive_places: bool = False) -> dict:
     """One setting's run; `lag` > 1 scores each signal with weights that have not yet
     learned the previous `lag` - 1 (updates applied in groups of `lag`), as the daemon's
     trainer scores a step's arrivals with the weights published before them. `pair_rank`
@@ -180,7 +185,8 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
     before "A destination on the pair term" keep their commands), `domains`
     `ModelConfig.wide_call_domains` (0 here by default, for the same reason),
     `destination_share` `ModelConfig.wide_pair_destination_share` (0 here by default, for
-    the same reason)."""
+    the same reason), `sensitive_places` `ModelConfig.wide_sensitive_places` (off here by
+    default, for the same reason)."""
     cfg = dataclasses.replace(ModelConfig.preset("flint"), wide_call_words=words,
                               wide_history_cross=cross, wide_pair_rank=pair_rank,
                               wide_pair_pool=pool, wide_call_shapes=shapes,
@@ -192,7 +198,8 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
                               wide_pair_init_shared=shared,
                               wide_pair_destination=destination,
                               wide_call_domains=domains,
-                              wide_pair_destination_share=destination_share)
+                              wide_pair_destination_share=destination_share,
+                              wide_sensitive_places=sensitive_places)
 
     def feats(context: str, history: list[str] | None) -> tuple:
         b = source_batch([(context, history)], cfg)
@@ -305,7 +312,7 @@ def main() -> None:
     ap.add_argument("--grid", nargs="+", default=DEFAULT_GRID,
                     metavar="WORDS,CROSS,L2[,PAIR_RANK[,PAIR_LR[,POOL[,SHAPES[,LR[,INIT[,VETO"
                     "[,PAIR_L2[,KNOWN[,SENSITIVE[,EGRESS[,BLOCK[,ENDPOINTS[,SQL[,PLACES[,HOSTS[,SHARED"
-                    "[,DEST]]]]]]]]]]]]]]]]]]")
+                    "[,DEST[,DOMAINS[,DEST_SHARE[,MARK_PLACES]]]]]]]]]]]]]]]]]]]]]")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--signals", type=int, default=12000)
     ap.add_argument("--switch-at", type=int, default=4000)
@@ -355,11 +362,11 @@ def main() -> None:
         fields = [float(x) for x in spec.split(",")]
         words, cross, l2 = fields[:3]
         defaults = (0, 0.1, 0.5, 0.0, 0.5, 0.1, 0.0, -1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0,
-                    0.0, 0.0, 0.0, 0.0, 0.0)
+                    0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
         (rank, pair_lr, pool, shapes, lr, init, veto, pair_l2, known, sens, egress, block,
-         endpoints, sql, places, hosts, shared, dest, domains, dest_share) = (
+         endpoints, sql, places, hosts, shared, dest, domains, dest_share, mark_places) = (
              fields[3 + k] if len(fields) > 3 + k else d
-             for k, d in enumerate(defaults))  # fields 4 to 23
+             for k, d in enumerate(defaults))  # fields 4 to 24
         rank = int(rank)
         for seed in a.seeds:
             r = replay(words, cross, l2, seed, a.signals, a.switch_at, a.probes, points, a.lag,
@@ -368,7 +375,7 @@ def main() -> None:
                        endpoints, sql, places, bool(hosts), bool(shared),
                        seed if a.init_seed < 0 else a.init_seed, a.second_look, a.pair_hold,
                        a.drift_relax, a.drift_relax_pair, a.drift_cap, dest, domains,
-                       dest_share)
+                       dest_share, bool(mark_places))
             p0, p1 = (r["at"][p] for p in points)
 
             def pair(k: str, p0=p0, p1=p1) -> str:
@@ -376,9 +383,11 @@ def main() -> None:
             print(f"| {words:g} | {cross:g} | {l2:g} | {rank}, {pair_lr:g}, {pool:g} | "
                   f"{shapes:g} | {lr:g}, {init:g}, {veto:g}, {pair_l2:g}, {known:g}, {sens:g}, "
                   f"{egress:g}, {block:g}, {endpoints:g}, {sql:g}, {places:g}, {hosts:g}, "
-                  f"{shared:g}" + (f", {dest:g}" if dest or domains or dest_share else "")
-                  + (f", {domains:g}" if domains or dest_share else "")
-                  + (f", {dest_share:g}" if dest_share else "") + " | "
+                  f"{shared:g}" + (f", {dest:g}" if dest or domains or dest_share or mark_places
+                                       else "")
+                  + (f", {domains:g}" if domains or dest_share or mark_places else "")
+                  + (f", {dest_share:g}" if dest_share or mark_places else "")
+                  + (f", {mark_places:g}" if mark_places else "") + " | "
                   f"{seed} | "
                   f"{r['ahead']}/{r['checks']} | "
                   f"{r['mean']:+.4f} / {r['worst']:+.3f} / {r['first']:+.3f} | {pair('unseen')} | "

@@ -18,6 +18,7 @@ from gated.engine.known_names import (
     _osa_one,
     egress_call,
     endpoint_kind,
+    path_place,
     sensitive_file,
 )
 from gated.engine.tokenizer import source_batch
@@ -155,6 +156,32 @@ def test_the_sensitive_marks_on_the_call_and_in_the_pair_terms_history() -> None
     assert set(h_val) - {0.7} == {1.0}
     _, _, off_idx, _, _ = pair_features(post, secret, 1 << 10)
     assert mark not in off_idx
+
+
+def test_the_sensitive_mark_names_the_files_place() -> None:
+    """`sensitive_places`: a credential file's history entry also gets the mark with the
+    file's place, in that entry's group, beside the plain mark; the places are told apart
+    (a project's secret is not a system key), other files get neither, and off is as
+    before."""
+    n = 1 << 14
+    post = _call("http.request", method="POST", url="https://x.example/upload")
+    reads = [_call("fs.read", path="/home/kai/proj/.env"), _call("fs.read", path="README.md"),
+             _call("fs.read", path="/root/.ssh/id_rsa")]
+    _, _, h_idx, h_val, h_grp = pair_features(post, reads, n, sensitive_scale=4.0,
+                                              sensitive_places=True)
+    plain = _bucket("hf|fs.read|sensitive", n)
+    project = _bucket(f"hf|fs.read|sensitive|{path_place('/home/kai/proj/.env')}", n)
+    system = _bucket(f"hf|fs.read|sensitive|{path_place('/root/.ssh/id_rsa')}", n)
+    assert path_place("/root/.ssh/id_rsa") == "system" and project != system
+    by_key = {int(k): (float(v), int(g)) for k, v, g in zip(h_idx, h_val, h_grp, strict=True)
+              if k in (project, system)}
+    assert by_key == {project: (4.0, 0), system: (4.0, 2)}  # the .env's entry, the key's
+    assert sorted(h_grp[h_idx == plain].tolist()) == [0, 2]  # the plain mark stays
+    assert not (set(h_idx[h_grp == 1].tolist()) & {plain, project, system})  # README: none
+    without = pair_features(post, reads, n, sensitive_scale=4.0)[2]
+    assert project not in without and system not in without
+    assert pair_features(post, reads, n, sensitive_places=True)[2].size == \
+        pair_features(post, reads, n)[2].size  # no mark at all: no place either
 
 
 def test_egress_calls_are_bodies_and_sending_tools() -> None:
@@ -422,7 +449,6 @@ def test_the_endpoint_mark_carries_what_one_metadata_service_taught_to_another()
     assert with_mark > 1.0 and with_mark > without + 1.0
 
 
-def test_path_places_follow_the_file_system_hierarchy() -> None:
     from gated.engine.known_names import path_place
     expect = {"/": "root", "/etc/shadow": "system", "/srv/hr": "system", "/root/.ssh/k": "system",
               "/tmp/x": "tmp", "/var/tmp/y": "tmp", "~": "home", "/home/carol": "home",

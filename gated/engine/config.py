@@ -72,6 +72,12 @@ class ModelConfig:
     #: sooner: 2.0 in docs/learning.md, "Egress calls", 4.0 since "The sensitive-file marks
     #: at 4", where 2 / 3 / 4 / 6 / 8 were swept on six seeds).
     wide_sensitive_files: float = 4.0
+    #: ... and, on the pair term's history side, that key again with the file's place
+    #: (engine/known_names.py `path_place`: a project's ``.env``, ``~/.ssh/id_rsa``,
+    #: ``/etc/shadow``): a policy that counts a project secret's read but not a system
+    #: key's is learned without the two sharing one key (False: the plain key only;
+    #: docs/learning.md, "The sensitive mark's place").
+    wide_sensitive_places: bool = True
     #: ... and a mark of this value when an argument's URL reaches a cloud metadata
     #: service or an unauthenticated control port, or a paste / file-drop host
     #: (engine/known_names.py `endpoint_kind`), the kind alone and keyed by tool and HTTP

@@ -364,7 +364,8 @@ def destination_row(destination: str, buckets: int, destination_rows: int = 0) -
 
 def pair_features(context: str, history: Sequence[str] | None, buckets: int,
                   sensitive_scale: float = 0.0, egress_scale: float = 0.0,
-                  destination_scale: float = 0.0, destination_rows: int = 0
+                  destination_scale: float = 0.0, destination_rows: int = 0,
+                  sensitive_places: bool = False
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The two sides of the call x history pair term: (call idx, call val, history idx,
     history val, history entry), bucket ids in 1..buckets-1 (a destination key's call row
@@ -393,7 +394,13 @@ def pair_features(context: str, history: Sequence[str] | None, buckets: int,
       entries, one read being one instance, at most MAX_STRUCTURED keys in all; and, with
       `sensitive_scale` > 0, ``hf|tool|sensitive`` of that value when the file holds
       credentials by convention (known_names.py `sensitive_file`), the one key a secret
-      the gate never saw shares with the trained ones.
+      the gate never saw shares with the trained ones; with `sensitive_places`, also
+      ``hf|tool|sensitive|<place>`` of that value (known_names.py `path_place`: a
+      project's ``.env`` is ``home-files``, ``~/.ssh/id_rsa`` ``home-dot``,
+      ``/etc/shadow`` ``system``): a system key's read and a project secret's read share
+      the plain mark, and where the policy counts only one of them the other's allows
+      stepped the shared mark toward "allow" (docs/learning.md, "The sensitive mark's
+      place").
 
     Why a product of the two (`pair_logit`) and not more crosses: the history rule is a
     conjunction (an outbound call AND a secret read earlier); the linear crosses must learn
@@ -422,6 +429,9 @@ def pair_features(context: str, history: Sequence[str] | None, buckets: int,
             secret_read = secret_read or sensitive
             if sensitive_scale > 0 and sensitive:
                 mine[f"hf|{e_tool}|sensitive"] = sensitive_scale
+                if sensitive_places:
+                    place = path_place(path) or "none"
+                    mine[f"hf|{e_tool}|sensitive|{place}"] = sensitive_scale
             keys += [(k, v, entries) for k, v in mine.items()][:MAX_STRUCTURED - len(keys)]
             entries += 1
     if destination_rows and not secret_read:
