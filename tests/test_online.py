@@ -15,6 +15,7 @@ from gated.online import (
     brier_score,
     expected_calibration_error,
 )
+from gated.online.drift import CheckedTest
 from gated.online.monitor import Monitor, MonitorSettings
 from gated.online.second_look import SecondLook
 from gated.signals import context_fingerprint
@@ -254,6 +255,63 @@ def test_a_bad_spell_of_the_gate_is_withdrawn_a_policy_change_confirmed():
         uncorrected = Monitor(s)
         _burst_then(uncorrected, random.Random(seed), policy_change=False, corrected=0.0)
         assert [c for _, c in uncorrected.take_verdicts()] == [True], seed
+
+
+def _spell_then(withdraw_below: float, max_waits: int, *, change: bool
+                ) -> tuple[list[tuple[int, int]], list[tuple[int, int, bool]]]:
+    """400 calls at 3% errors, a 30-call spell of the gate's mistakes (each corrected 20
+    calls later), then a policy change (25% errors that stand) or the old rate again;
+    deterministic. Returns the alarms (seq, began) and verdicts (at seq, began, confirmed)
+    of a `CheckedTest` with that margin and those waits."""
+    check = CheckedTest(PageHinkley(0.01, 12.0, 200), 50, withdraw_below, max_waits)
+    alarms, verdicts, fixes = [], [], {}
+    for seq in range(1, 1000):
+        fp = seq.to_bytes(8, "big")
+        if 400 <= seq < 430:
+            error = seq % 3 != 0
+            if error:
+                fixes.setdefault(seq + 20, []).append(fp)
+        else:
+            error = seq % 4 == 0 if change and seq >= 430 else seq % 33 == 0
+        began = check.observe(seq, fp, False, error, False)  # the model says allow
+        if began is not None:
+            alarms.append((seq, began))
+        for fix in fixes.pop(seq, []):
+            check.correct(fix, False)
+        verdicts += [(seq, *v) for v in check.take_verdicts()]
+    return alarms, verdicts
+
+
+def test_a_drift_verdict_with_a_margin_waits_again_when_the_rerun_is_undecided():
+    """A policy change that begins right after a spell of the gate's mistakes: the alarm
+    rises in the spell, the corrections take the spell away, and 50 calls of the change
+    alone do not reach the threshold. One wait withdraws it (the old policy's replay comes
+    back until a second alarm ~100 calls later); with a margin (withdraw only at or under
+    half the threshold) the rerun is undecided, waits again and is confirmed at the next
+    look. The spell alone is withdrawn either way (its rerun stays well under)."""
+    alarms, verdicts = _spell_then(1.0, 1, change=True)
+    assert [v[2] for v in verdicts] == [False, True] and verdicts[1][0] > alarms[0][0] + 100
+    alarms, verdicts = _spell_then(0.5, 4, change=True)
+    assert len(alarms) == 1 and 400 <= alarms[0][0] < 430  # raised in the spell
+    (at, began, confirmed), = verdicts
+    assert confirmed and began == alarms[0][1] and at == alarms[0][0] + 100  # second look
+    for margin, waits in ((1.0, 1), (0.5, 4)):
+        alarms, verdicts = _spell_then(margin, waits, change=False)
+        assert len(alarms) == 1 and verdicts == [(alarms[0][0] + 50, alarms[0][1], False)]
+
+
+def test_the_tests_peak_is_its_alarm():
+    """`PageHinkley.peak` (how far the statistic rose) is above the threshold exactly when
+    `first_alarm` finds an alarm, on random error streams of several rates."""
+    rng = np.random.default_rng(3)
+    test = PageHinkley(0.01, 12.0, 200)
+    alarmed = []
+    for rate in (0.02, 0.05, 0.1):
+        for _ in range(20):
+            errors = (rng.random(600) < np.r_[np.full(300, 0.03), np.full(300, rate)]) * 1.0
+            alarmed.append(test.peak(errors) > test.threshold)
+            assert alarmed[-1] == (test.first_alarm(errors) is not None)
+    assert 0 < sum(alarmed) < len(alarmed)  # both outcomes were checked
 
 
 def test_after_a_withdrawn_alarm_a_policy_change_is_still_measured_against_the_old_rate():

@@ -83,6 +83,15 @@ class PageHinkley:
         n = np.arange(1, e.size + 1)
         return n, np.cumsum(e - np.cumsum(e) / n - self.delta)
 
+    def peak(self, errors: np.ndarray) -> float:
+        """The test's largest statistic (m_t - min m) on `errors` (0/1) from a reset, over
+        the observations where it may alarm (after `min_samples`): an alarm at
+        >= `threshold`; how far below it a rerun stayed (`AlarmRecheck.verdict`)."""
+        n, cum = self._sums(errors)
+        low = np.minimum(np.minimum.accumulate(cum), 0.0)
+        stat = (cum - low)[n >= self.min_samples]
+        return float(stat.max()) if stat.size else 0.0
+
     def first_alarm(self, errors: np.ndarray) -> int | None:
         """Index of the observation at which this test, started afresh, would alarm on
         `errors` (0/1), else None."""
@@ -125,16 +134,18 @@ class AlarmRecheck:
     `run` is what the detector saw since its last reset up to the alarm, as (fingerprint,
     predicted block, labelled block), `seqs` their sequence numbers; `fixes` the
     corrections (fingerprint -> block) that arrived meanwhile. The wait's observations and
-    corrections are added as they come; `confirmed` reruns the detector's test over the run
+    corrections are added as they come; `verdict` reruns the detector's test over the run
     and the wait with every label replaced by its newest correction: still an alarm means
-    the labels that raised it stand (a policy change), none means the rise was mistakes
-    that people have since corrected.
+    the labels that raised it stand (a policy change), a statistic well under the
+    threshold means the rise was mistakes that people have since corrected, and one in
+    between is not decided yet (the caller waits again).
     """
 
     def __init__(self, detector: PageHinkley, run: list[tuple[bytes, bool, bool]],
                  seqs: list[int], fixes: dict[bytes, bool], began_seq: int,
                  wait: int) -> None:
         self.detector, self.began_seq, self.left = detector, began_seq, wait
+        self.waits = 0  # waits over (`CheckedTest` may wait again)
         self.run, self.seqs, self.fixes = run, seqs, dict(fixes)
 
     def add(self, seq: int, fingerprint: bytes, pred_block: bool, label_block: bool) -> None:
@@ -151,8 +162,16 @@ class AlarmRecheck:
         return np.fromiter((pred != self.fixes.get(fp, label) for fp, pred, label in self.run),
                            dtype=np.float64, count=len(self.run))
 
-    def confirmed(self) -> bool:
-        return self.detector.first_alarm(self.corrected_errors()) is not None
+    def verdict(self, withdraw_below: float = 1.0) -> bool | None:
+        """True: confirmed (the corrected rerun still alarms); False: withdrawn (its
+        statistic stayed under `withdraw_below` x the threshold); None: in between, not
+        decided. Why a margin: a real change that began inside a burst of the gate's own
+        mistakes loses the burst to its corrections, and its own rise may not have reached
+        the threshold in one wait (docs/learning.md "A drift verdict with a margin")."""
+        peak = self.detector.peak(self.corrected_errors())
+        if peak > self.detector.threshold:
+            return True
+        return False if peak <= withdraw_below * self.detector.threshold else None
 
 
 class CheckedTest:
@@ -161,13 +180,19 @@ class CheckedTest:
     `observe` feeds the test the error of each observation and keeps the run since the
     test's last reset (sequence numbers, fingerprints, corrections). At an alarm it returns
     the sequence number where the change began and holds an `AlarmRecheck` for `wait`
-    observations; its verdict, (began seq, confirmed), is then in `take_verdicts`. Without a
+    observations; its verdict, (began seq, confirmed), is then in `take_verdicts`. A rerun
+    between `withdraw_below` x the threshold and the threshold waits again, at most
+    `max_waits` waits in all, and is confirmed after the last (the labels that raised it
+    were not shown wrong: adapting to a change that was not costs less than replaying an
+    old policy's labels into a new one). Without a
     wait, or when part of the run is missing (after a restart, or past `RUN_MEMORY`), the
     verdict is "confirmed" at once: nothing can withdraw what cannot be rechecked.
     """
 
-    def __init__(self, test: PageHinkley, wait: int) -> None:
+    def __init__(self, test: PageHinkley, wait: int, withdraw_below: float = 1.0,
+                 max_waits: int = 1) -> None:
         self.test, self.wait = test, wait
+        self.withdraw_below, self.max_waits = withdraw_below, max_waits
         self._seqs: deque[int] = deque(maxlen=RUN_MEMORY)
         self._records: deque[tuple[bytes, bool, bool]] = deque(maxlen=RUN_MEMORY)
         self._fixes: OrderedDict[bytes, bool] = OrderedDict()
@@ -227,8 +252,14 @@ class CheckedTest:
         goes on from where the rise began, as the test saw it: the spell of the gate's
         mistakes left out, the rate before it the baseline again (a real change right after
         is measured against it, not hidden in a fresh run that would start with it)."""
-        recheck, self.recheck = self.recheck, None
-        confirmed = recheck.confirmed()
+        recheck = self.recheck
+        verdict = recheck.verdict(self.withdraw_below)
+        recheck.waits += 1
+        if verdict is None and recheck.waits < self.max_waits:
+            recheck.left = self.wait  # not decided: wait for more corrections
+            return True
+        self.recheck = None
+        confirmed = verdict is not False
         self._verdicts.append((recheck.began_seq, confirmed))
         if not confirmed:
             self.withdrawn += 1

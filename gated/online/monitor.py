@@ -38,6 +38,12 @@ class MonitorSettings:
     #: raised it, then is confirmed or withdrawn (drift.py `CheckedTest`); 0: confirmed at
     #: once
     drift_confirm_signals: int = 50
+    #: ... and is withdrawn only when the rerun on corrected labels stays at or under this
+    #: share of the threshold; between it and the threshold it waits again, at most
+    #: `drift_confirm_waits` waits in all, confirmed after the last (drift.py
+    #: `CheckedTest`; 1.0 and 1: one wait, withdrawn under the threshold)
+    drift_withdraw_below: float = 1.0
+    drift_confirm_waits: int = 1
     #: the allow band stays closed (would-be allows answered `ask`) until progressive
     #: validation has scored this many fresh signals: a fresh model's confident allows
     #: are untested (`Monitor.allow_band_open`)
@@ -72,7 +78,8 @@ class Monitor:
         self.allow_guard = PageHinkley(s.allow_guard_delta, s.allow_guard_threshold,
                                        s.allow_guard_min_samples, memory=200)
         # the drift alarms wait for the corrections of the labels that raised them
-        self.drift_check = CheckedTest(self.drift, s.drift_confirm_signals)
+        self.drift_check = CheckedTest(self.drift, s.drift_confirm_signals,
+                                       s.drift_withdraw_below, s.drift_confirm_waits)
         self.per_tool = PerTool()
         self._recent: deque[tuple[float, float]] = deque(maxlen=s.window)  # (p_cal, label)
         #: (began seq, confirmed) of the drift alarms decided, for the trainer
@@ -85,6 +92,8 @@ class Monitor:
         """Reloaded settings (`MonitorSettings` fields); the alarms' wait follows."""
         self.settings = replace(self.settings, **changes)
         self.drift_check.wait = self.settings.drift_confirm_signals
+        self.drift_check.withdraw_below = self.settings.drift_withdraw_below
+        self.drift_check.max_waits = self.settings.drift_confirm_waits
 
     def observe(self, seq: int, fingerprint: bytes, feedback: str | None, label: float,
                 z: float, p: float, tool: str | None = None, z_deep: float = 0.0

@@ -89,6 +89,8 @@ class Trainer(GpuFallback, Publication, threading.Thread):
             drift_threshold=settings.drift_threshold,
             drift_adapt_signals=settings.drift_adapt_signals,
             drift_confirm_signals=settings.drift_confirm_signals,
+            drift_withdraw_below=settings.drift_withdraw_below,
+            drift_confirm_waits=settings.drift_confirm_waits,
             allow_band_after=settings.allow_band_after,
             allow_band_drift_hold=settings.allow_band_drift_hold,
             allow_band_p=serving.bands.allow,
@@ -233,7 +235,9 @@ class Trainer(GpuFallback, Publication, threading.Thread):
             self.promotion.margin = s.promotion_margin
         if hasattr(self, "monitor"):
             self.monitor.update_settings(drift_adapt_signals=s.drift_adapt_signals,
-                                         drift_confirm_signals=s.drift_confirm_signals)
+                                         drift_confirm_signals=s.drift_confirm_signals,
+                                         drift_withdraw_below=s.drift_withdraw_below,
+                                         drift_confirm_waits=s.drift_confirm_waits)
         self.opt.weight_decay, self.opt.clip_norm = s.weight_decay, s.clip_norm
         self.opt.schedule.warmup_steps, self.opt.schedule.cosine_steps = (s.warmup_steps,
                                                                           s.cosine_steps)
