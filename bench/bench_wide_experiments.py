@@ -141,7 +141,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import bench_wide_features  # noqa: E402
 
-from gated.engine import tokenizer, wide  # noqa: E402
+from gated.engine import tokenizer, wide, wide_pair  # noqa: E402
 from gated.engine.known_names import egress_call, path_place, sensitive_file  # noqa: E402
 from gated.engine.wide_learner import WideAdaGrad  # noqa: E402
 from gated.traffic import destination_class  # noqa: E402
@@ -288,7 +288,7 @@ def with_destination_rows(pair_features, rows_seen: set, zero_table: list | None
         tool, args = wide._parse_call(context)
         dest = wide.call_destination(args) if destination_scale > 0 else None
         if dest is not None and egress_call(tool, args):
-            row = wide.destination_row(dest, buckets, destination_rows)
+            row = wide_pair.destination_row(dest, buckets, destination_rows)
             into = rows_seen
             if outside_rows is not None and destination_class(tool, args) != "org":
                 into = outside_rows
@@ -301,7 +301,7 @@ def with_destination_rows(pair_features, rows_seen: set, zero_table: list | None
 
 def with_dest_after_secret(pair_features):
     """`pair_features` whose call side keeps its destination key (emitted last,
-    `wide.pair_features`) only when the history's pair keys hold a credential-file read
+    `wide_pair.pair_features`) only when the history's pair keys hold a credential-file read
     (known_names.py `sensitive_file`, on the entries the pair term reads). Why: the key is
     there to say "not the history rule, here"; emitted on every upload, the org's row
     also takes the allows after ordinary reads, which otherwise teach the shared site
@@ -322,7 +322,7 @@ def with_dest_after_secret(pair_features):
 
 
 def pair_entries(history) -> list[tuple[int, str, str]]:
-    """(distance back, tool, path) of each history entry `wide.pair_features` gives keys
+    """(distance back, tool, path) of each history entry `wide_pair.pair_features` gives keys
     to, in its order: entry g of the result is its history group g (1: the newest entry)."""
     seen = (history or [])[-wide.MAX_STRUCTURED:]
     calls = [(len(seen) - i, *wide._parse_call(entry)) for i, entry in enumerate(seen)]

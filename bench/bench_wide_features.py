@@ -155,7 +155,9 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
            pair_hold: float = 0.0, drift_relax: float = -1.0,
            drift_relax_pair: float = -1.0, drift_cap: float = 0.0,
            destination: float = 0.0, domains: float = 0.0,
-           destination_share: float = 0.0, sensitive_places: bool = False) -> dict:
+           destination_share: float = 0.0, sensitive_places: bool = False,
+           drift_withdraw_below: float | None = None, drift_waits: int | None = None
+           ) -> dict:
     """One setting's run; `lag` > 1 scores each signal with weights that have not yet
     learned the previous `lag` - 1 (updates applied in groups of `lag`), as the daemon's
     trainer scores a step's arrivals with the weights published before them. `pair_rank`
@@ -179,7 +181,9 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
     an alarm does what the trainer's wide path does (`WidePath.on_drift`): the second looks
     from before the estimated change are dropped and AdaGrad's sums multiplied by
     `drift_relax` (`train.drift_wide_relax`); -1, the default: no detector, as before.
-    `drift_relax_pair` >= 0 relaxes the pair term's sums by that instead; `drift_cap` > 0
+    `drift_withdraw_below` and `drift_waits` are the recheck's margin and waits
+    (`train.drift_withdraw_below`, `train.drift_confirm_waits`; None: the daemon's
+    defaults). `drift_relax_pair` >= 0 relaxes the pair term's sums by that instead; `drift_cap` > 0
     then caps the linear sums at that value (the most-seen features relaxed most).
     `destination` is `ModelConfig.wide_pair_destination` (0 here by default: the tables
     before "A destination on the pair term" keep their commands), `domains`
@@ -221,7 +225,11 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
     detector = CheckedTest(PageHinkley(MonitorSettings.drift_delta,
                                        MonitorSettings.drift_threshold,
                                        MonitorSettings.drift_min_samples),
-                           TrainConfig().drift_confirm_signals) if drift_relax >= 0 else None
+                           TrainConfig().drift_confirm_signals,
+                           TrainConfig().drift_withdraw_below if drift_withdraw_below is None
+                           else drift_withdraw_below,
+                           TrainConfig().drift_confirm_waits if drift_waits is None
+                           else drift_waits) if drift_relax >= 0 else None
 
     def flush() -> None:
         for f_p, y_p, w_p, seq, fp in pending:
@@ -342,6 +350,13 @@ def main() -> None:
                          "before it)")
     ap.add_argument("--drift-relax-pair", type=float, default=-1.0,
                     help="the pair term's sums at an alarm (-1: --drift-relax's factor)")
+    ap.add_argument("--drift-withdraw-below", type=float, default=None,
+                    help="the drift recheck withdraws an alarm only at or under this share "
+                         "of the threshold, else waits again (train.drift_withdraw_below; "
+                         "default: the daemon's)")
+    ap.add_argument("--drift-waits", type=int, default=None,
+                    help="the recheck's waits in all (train.drift_confirm_waits; default: "
+                         "the daemon's)")
     ap.add_argument("--drift-cap", type=float, default=0.0,
                     help="at an alarm also cap the linear weights' AdaGrad sums at this "
                          "(0: no cap)")
@@ -375,7 +390,8 @@ def main() -> None:
                        endpoints, sql, places, bool(hosts), bool(shared),
                        seed if a.init_seed < 0 else a.init_seed, a.second_look, a.pair_hold,
                        a.drift_relax, a.drift_relax_pair, a.drift_cap, dest, domains,
-                       dest_share, bool(mark_places))
+                       dest_share, bool(mark_places), a.drift_withdraw_below,
+                       a.drift_waits)
             p0, p1 = (r["at"][p] for p in points)
 
             def pair(k: str, p0=p0, p1=p1) -> str:

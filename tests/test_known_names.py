@@ -22,13 +22,8 @@ from gated.engine.known_names import (
     sensitive_file,
 )
 from gated.engine.tokenizer import source_batch
-from gated.engine.wide import (
-    _bucket,
-    call_destination,
-    destination_row,
-    pair_features,
-    structured_features,
-)
+from gated.engine.wide import _bucket, call_destination, structured_features
+from gated.engine.wide_pair import destination_row, pair_features
 from gated.traffic import POOLS
 
 

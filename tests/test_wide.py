@@ -623,7 +623,7 @@ def test_pair_features_are_bounded_and_ignore_what_they_cannot_read():
     """A hostile history (thousands of entries, non-JSON, a path that is not a string, a
     64 KiB file name) costs a bounded number of keys; a call without a method has one site
     feature, one with a method two, both of norm 1."""
-    from gated.engine.wide import pair_features
+    from gated.engine.wide_pair import pair_features
 
     many = [f'fs.read {{"path": "/w/f{i}.txt"}}' for i in range(5000)]
     hostile = many + ["not json at all", 'fs.read {"path": 7}', 'fs.read {"path": ["x"]}',

@@ -118,8 +118,9 @@ class ModelConfig:
     #: probes' allow twins fell). 0 = the key hashed among the site's keys, random, both
     #: labels, every upload (docs/learning.md, "The destination's own rows").
     wide_pair_destination_share: float = 1 / 16
-    #: The call x history pair term (engine/wide.py `pair_features`, `pair_logit`): rank of
-    #: its two factor tables, each [wide_pair_buckets, rank]. 0 (or no wide path) = none.
+    #: The call x history pair term (engine/wide_pair.py `pair_features`, engine/wide.py
+    #: `pair_logit`): rank of its two factor tables, each [wide_pair_buckets, rank].
+    #: 0 (or no wide path) = none.
     wide_pair_rank: int = 8
     wide_pair_buckets: int = 1 << 14
     #: Standard deviation of the call side's initial factors (the history side starts at

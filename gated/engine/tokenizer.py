@@ -33,7 +33,8 @@ from typing import Any
 import numpy as np
 
 from .config import ModelConfig
-from .wide import pad_features, pair_features, structured_features, wide_features
+from .wide import pad_features, structured_features, wide_features
+from .wide_pair import pair_features
 
 PAD, BOS, EOS, SEP = 256, 257, 258, 259
 CUT_MARK = b" ... "
