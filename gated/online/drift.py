@@ -182,9 +182,9 @@ class CheckedTest:
     the sequence number where the change began and holds an `AlarmRecheck` for `wait`
     observations; its verdict, (began seq, confirmed), is then in `take_verdicts`. A rerun
     between `withdraw_below` x the threshold and the threshold waits again, at most
-    `max_waits` waits in all, and is confirmed after the last (the labels that raised it
-    were not shown wrong: adapting to a change that was not costs less than replaying an
-    old policy's labels into a new one). Without a
+    `max_waits` waits in all; at the last, the threshold decides, as with one wait
+    (confirming the undecided ones instead withdrew a fifth fewer long spells of the
+    gate's mistakes: docs/learning.md "A drift verdict with a margin"). Without a
     wait, or when part of the run is missing (after a restart, or past `RUN_MEMORY`), the
     verdict is "confirmed" at once: nothing can withdraw what cannot be rechecked.
     """
@@ -259,7 +259,7 @@ class CheckedTest:
             recheck.left = self.wait  # not decided: wait for more corrections
             return True
         self.recheck = None
-        confirmed = verdict is not False
+        confirmed = verdict is True  # the last wait: the threshold decides
         self._verdicts.append((recheck.began_seq, confirmed))
         if not confirmed:
             self.withdrawn += 1

@@ -38,12 +38,13 @@ class MonitorSettings:
     #: raised it, then is confirmed or withdrawn (drift.py `CheckedTest`); 0: confirmed at
     #: once
     drift_confirm_signals: int = 50
-    #: ... and is withdrawn only when the rerun on corrected labels stays at or under this
-    #: share of the threshold; between it and the threshold it waits again, at most
-    #: `drift_confirm_waits` waits in all, confirmed after the last (drift.py
-    #: `CheckedTest`; 1.0 and 1: one wait, withdrawn under the threshold)
-    drift_withdraw_below: float = 1.0
-    drift_confirm_waits: int = 1
+    #: ... and is withdrawn at once only when the rerun on corrected labels stays at or
+    #: under this share of the threshold; between it and the threshold it waits again, at
+    #: most `drift_confirm_waits` waits in all, the threshold deciding at the last
+    #: (drift.py `CheckedTest`; 1.0 or 1: one wait; docs/learning.md "A drift verdict with
+    #: a margin")
+    drift_withdraw_below: float = 0.5
+    drift_confirm_waits: int = 2
     #: the allow band stays closed (would-be allows answered `ask`) until progressive
     #: validation has scored this many fresh signals: a fresh model's confident allows
     #: are untested (`Monitor.allow_band_open`)
