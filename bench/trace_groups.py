@@ -9,7 +9,7 @@ then lists the groups where gated loses most and where it wins most. A group is:
 - the policy in force (v1 before `--switch-at`, v2 after; by the signal's seq),
 - the TRUE category (``allow`` or the block rule),
 - the tool, and for HTTP its method,
-- where the call goes (gated/traffic.py `destination_class`: org, allow-listed, outside),
+- where the call goes (gated/traffic/policy.py `destination_class`: org, allow-listed, outside),
 - whether the session had read a file that holds credentials by convention
   (engine/known_names.py `sensitive_file`): the history rule's side of the call.
 

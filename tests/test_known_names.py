@@ -68,7 +68,7 @@ def test_near_miss_against_a_brute_force_scan() -> None:
 
 
 def test_every_typosquat_of_the_stream_is_a_near_miss_and_no_real_package_is() -> None:
-    """The benchmark's stream (gated/traffic.py): its typosquats, trained and held out,
+    """The benchmark's stream (gated/traffic/): its typosquats, trained and held out,
     imitate packages of the list; its real packages are on it."""
     index = NameIndex(KNOWN_PACKAGES)
     for pool in ("pysquat", "jssquat"):

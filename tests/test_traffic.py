@@ -24,8 +24,6 @@ from gated.traffic import (
     V2_ALLOWLIST,
     Event,
     GatewayTraffic,
-    _new_session,
-    _Values,
     call,
     classify,
     destination_class,
@@ -33,6 +31,7 @@ from gated.traffic import (
     true_allow,
     v2_domain,
 )
+from gated.traffic.stream import _new_session, _Values
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 from anchor import HashedNgramLR, anchor_text, label_weight, ngram_buckets  # noqa: E402
