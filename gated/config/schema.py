@@ -237,15 +237,15 @@ class TrainConfig:
                                       "when the corrected labels show no rise (a burst of "
                                       "the gate's own mistakes); 0 = drop at the alarm",
                                       hot=True, lo=0, hi=100_000)
-    drift_withdraw_below: float = _opt(0.5, "a drift alarm is withdrawn only when the test "
-                                       "rerun on the corrected labels stays at or under "
-                                       "this share of drift_threshold; between it and the "
-                                       "threshold the alarm waits drift_confirm_signals "
-                                       "again", hot=True, lo=0.0, hi=1.0)
+    drift_withdraw_below: float = _opt(0.5, "a drift alarm is withdrawn at once only when "
+                                       "the test rerun on the corrected labels stays at or "
+                                       "under this share of drift_threshold; between it "
+                                       "and the threshold the alarm waits "
+                                       "drift_confirm_signals again", hot=True, lo=0.0,
+                                       hi=1.0)
     drift_confirm_waits: int = _opt(2, "waits of drift_confirm_signals an undecided drift "
                                     "alarm may take in all; at the last the threshold "
-                                    "decides",
-                                    hot=True, lo=1, hi=100)
+                                    "decides", hot=True, lo=1, hi=100)
     allow_band_after: int = _opt(500, "fresh signals progressive validation scores before "
                                  "serving answers `allow` at all (until then a would-be "
                                  "allow is `ask`); 0 = from the first", lo=0)

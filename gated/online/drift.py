@@ -85,8 +85,9 @@ class PageHinkley:
 
     def peak(self, errors: np.ndarray) -> float:
         """The test's largest statistic (m_t - min m) on `errors` (0/1) from a reset, over
-        the observations where it may alarm (after `min_samples`): an alarm at
-        >= `threshold`; how far below it a rerun stayed (`AlarmRecheck.verdict`)."""
+        the observations where it may alarm (after `min_samples`): above `threshold`
+        exactly when `first_alarm` alarms; else how far below it a rerun stayed
+        (`AlarmRecheck.verdict`)."""
         n, cum = self._sums(errors)
         low = np.minimum(np.minimum.accumulate(cum), 0.0)
         stat = (cum - low)[n >= self.min_samples]
@@ -183,8 +184,9 @@ class CheckedTest:
     observations; its verdict, (began seq, confirmed), is then in `take_verdicts`. A rerun
     between `withdraw_below` x the threshold and the threshold waits again, at most
     `max_waits` waits in all; at the last, the threshold decides, as with one wait
-    (confirming the undecided ones instead withdrew a fifth fewer long spells of the
-    gate's mistakes: docs/learning.md "A drift verdict with a margin"). Without a
+    (confirming the undecided ones instead withdrew 26-31 of 40 synthetic long spells of
+    the gate's mistakes, against 39: docs/learning.md "A drift verdict with a margin").
+    Without a
     wait, or when part of the run is missing (after a restart, or past `RUN_MEMORY`), the
     verdict is "confirmed" at once: nothing can withdraw what cannot be rechecked.
     """
@@ -248,7 +250,8 @@ class CheckedTest:
         return began
 
     def _decide(self) -> bool:
-        """The waiting alarm's verdict (True: confirmed). Withdrawn, the run it interrupted
+        """The waiting alarm's verdict, or another wait (False only when withdrawn: True
+        when confirmed or still waiting). Withdrawn, the run it interrupted
         goes on from where the rise began, as the test saw it: the spell of the gate's
         mistakes left out, the rate before it the baseline again (a real change right after
         is measured against it, not hidden in a fresh run that would start with it)."""
