@@ -444,7 +444,7 @@ def test_the_endpoint_mark_carries_what_one_metadata_service_taught_to_another()
     assert with_mark > 1.0 and with_mark > without + 1.0
 
 
-    from gated.engine.known_names import path_place
+def test_path_places_follow_the_file_system_hierarchy() -> None:
     expect = {"/": "root", "/etc/shadow": "system", "/srv/hr": "system", "/root/.ssh/k": "system",
               "/tmp/x": "tmp", "/var/tmp/y": "tmp", "~": "home", "/home/carol": "home",
               "/Users/kai/": "home", "~/.ssh/id_ed25519": "home-dot",
