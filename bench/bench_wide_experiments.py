@@ -103,7 +103,8 @@ only on uploads" (not kept); ``dest-unheld``, ``dest-allow-only`` and ``dest-cro
                                the sensitive-file mark on a history entry also names the
                                file's place (`path_place`: a project's ``.env`` in a home's
                                files, ``~/.ssh/id_rsa`` a home's dot entry, ``/etc/shadow``
-                               the system), ``:only``: instead of the plain mark
+                               the system): the engine's `wide_sensitive_places` (grid
+                               field 24) forced on; ``:only``: instead of the plain mark
     --experiment dest-secret   the destination key only on a call after a credential-file
                                read (`with_dest_after_secret`), stepped as usual
     --experiment dest-unheld   the pair hold (`train.wide_pair_hold`) spares the pair
@@ -142,7 +143,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import bench_wide_features  # noqa: E402
 
 from gated.engine import tokenizer, wide, wide_pair  # noqa: E402
-from gated.engine.known_names import egress_call, path_place, sensitive_file  # noqa: E402
+from gated.engine.known_names import egress_call, sensitive_file  # noqa: E402
 from gated.engine.wide_learner import WideAdaGrad  # noqa: E402
 from gated.traffic import destination_class  # noqa: E402
 
@@ -347,31 +348,25 @@ def with_hist_distance(pair_features, scale: float):
 
 
 def with_mark_place(pair_features, only: bool):
-    """`pair_features` whose sensitive-file mark on a history entry also names the file's
-    place (known_names.py `path_place`: ``hf|fs.read|sensitive|home-files`` for a project's
-    ``.env``, ``...|home-dot`` for ``~/.ssh/id_rsa``, ``...|system`` for ``/etc/shadow``),
-    of the mark's value, in that entry's group; `only`: instead of the plain mark. Why: a
-    read of a system key and a read of a project secret share the one mark, and when the
-    rule counts only one of them the other's allows step the shared mark."""
-    def features(context, history, buckets, sensitive_scale=0.0, *rest):
-        c_idx, c_val, h_idx, h_val, h_grp = pair_features(context, history, buckets,
-                                                           sensitive_scale, *rest)
-        if sensitive_scale <= 0:
-            return c_idx, c_val, h_idx, h_val, h_grp
+    """`pair_features` with the engine's placed sensitive mark on
+    (`ModelConfig.wide_sensitive_places`, which this experiment measured before it was
+    one: ``hf|fs.read|sensitive|home-files`` for a project's ``.env``, ``...|home-dot`` for
+    ``~/.ssh/id_rsa``, ``...|system`` for ``/etc/shadow``), whatever the grid says; `only`:
+    the plain mark ``hf|tool|sensitive`` dropped, so the placed one stands instead of it.
+    Why: a read of a system key and a read of a project secret share the one mark, and
+    when the rule counts only one of them the other's allows step the shared mark."""
+    def features(context, history, buckets, sensitive_scale=0.0, egress_scale=0.0,
+                 destination_scale=0.0, destination_rows=0, sensitive_places=False):
+        out = pair_features(context, history, buckets, sensitive_scale, egress_scale,
+                            destination_scale, destination_rows, True)
+        if not only or sensitive_scale <= 0:
+            return out
+        c_idx, c_val, h_idx, h_val, h_grp = out
         keep = np.ones(len(h_idx), bool)
-        extra_idx, extra_grp = [], []
-        for g, (_, tool, path) in enumerate(pair_entries(history)):
-            if not sensitive_file(path):
-                continue
-            place = path_place(path) or "none"
-            extra_idx.append(wide._bucket(f"hf|{tool}|sensitive|{place}", buckets))
-            extra_grp.append(g)
-            if only:
-                plain = wide._bucket(f"hf|{tool}|sensitive", buckets)
-                keep &= ~((h_grp == g) & (h_idx == plain) & (h_val == sensitive_scale))
-        return (c_idx, c_val, np.r_[h_idx[keep], extra_idx].astype(np.int64),
-                np.r_[h_val[keep], [sensitive_scale] * len(extra_idx)],
-                np.r_[h_grp[keep], extra_grp].astype(np.int64))
+        for g, (_, tool, _) in enumerate(pair_entries(history)):
+            plain = wide._bucket(f"hf|{tool}|sensitive", buckets)
+            keep &= ~((h_grp == g) & (h_idx == plain) & (h_val == sensitive_scale))
+        return c_idx, c_val, h_idx[keep], h_val[keep], h_grp[keep]
     return features
 
 

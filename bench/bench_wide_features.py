@@ -222,13 +222,14 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
     look: SecondLook[tuple] = SecondLook(second_look)
     # the daemon's drift detector, its alarms rechecked after the corrections of its wait
     # (`Monitor.drift_check`); the verdicts go into "drifts"
+    train = TrainConfig()  # the daemon's defaults
     detector = CheckedTest(PageHinkley(MonitorSettings.drift_delta,
                                        MonitorSettings.drift_threshold,
                                        MonitorSettings.drift_min_samples),
-                           TrainConfig().drift_confirm_signals,
-                           TrainConfig().drift_withdraw_below if drift_withdraw_below is None
+                           train.drift_confirm_signals,
+                           train.drift_withdraw_below if drift_withdraw_below is None
                            else drift_withdraw_below,
-                           TrainConfig().drift_confirm_waits if drift_waits is None
+                           train.drift_confirm_waits if drift_waits is None
                            else drift_waits) if drift_relax >= 0 else None
 
     def flush() -> None:
