@@ -78,11 +78,26 @@ def _string(obj: Mapping[str, Any], key: str, limit: int, *, required: bool) -> 
         return None
     if not isinstance(value, str):
         raise SignalError("wrong_type", f"'{key}' must be a string, got {type(value).__name__}")
-    size = _utf8_len(value, key)
+    size = len(value) if value.isascii() else _utf8_len(value, key)  # inline: per signal
     if size > limit:
         raise SignalError("too_large", f"'{key}' is {size} bytes; the limit is {limit} bytes "
                                        "(UTF-8); shorten it")
     return value
+
+
+def _history_items(items: list | tuple, cap: int) -> list[str]:
+    """The history's items checked one by one: the first bad one raises its own error."""
+    history: list[str] = []
+    for i, item in enumerate(items):
+        if not isinstance(item, str):
+            raise SignalError("wrong_type", f"'history[{i}]' must be a string, got "
+                                            f"{type(item).__name__}")
+        size = _utf8_len(item, f"history[{i}]")
+        if size > cap:
+            raise SignalError("too_large", f"'history[{i}]' is {size} bytes; the limit is "
+                                           f"{cap} bytes (UTF-8)")
+        history.append(item)
+    return history
 
 
 def validate_signal(obj: Any, limits: Limits | None = None) -> dict[str, Any]:
@@ -120,15 +135,12 @@ def validate_signal(obj: Any, limits: Limits | None = None) -> dict[str, Any]:
         if len(history_raw) > lim.max_history:
             raise SignalError("too_large", f"'history' has {len(history_raw)} items; the limit "
                                            f"is {lim.max_history}: send the most recent ones")
-        for i, item in enumerate(history_raw):
-            if not isinstance(item, str):
-                raise SignalError("wrong_type", f"'history[{i}]' must be a string, got "
-                                                f"{type(item).__name__}")
-            size = _utf8_len(item, f"history[{i}]")
-            if size > lim.max_context_bytes:
-                raise SignalError("too_large", f"'history[{i}]' is {size} bytes; the limit is "
-                                               f"{lim.max_context_bytes} bytes (UTF-8)")
-            history.append(item)
+        cap = lim.max_context_bytes
+        if all(type(item) is str and item.isascii() and len(item) <= cap
+               for item in history_raw):  # the common case, checked in one pass
+            history = list(history_raw)
+        else:
+            history = _history_items(history_raw, cap)
 
     decision = obj.get("decision")
     if decision is None:

@@ -82,24 +82,26 @@ class SignalLog(StoreBase):
                 "fingerprints")
             last = self._last_seq_txn(txn)
             out: list[tuple[int, bool]] = []
+            get, put = txn.get, txn.put  # bound once: this loop runs per signal
             for sig, sid, ekey in prepared:
                 if sid is not None:
-                    prev = txn.get(sid, db=dedup_db)
+                    prev = get(sid, db=dedup_db)
                     if prev is not None:
                         out.append((from_u64(prev), True))
                         continue
                 prior = 0
                 if ekey is not None:
-                    raw = txn.get(ekey, db=fp_db)
+                    raw = get(ekey, db=fp_db)
                     prior = from_u64(raw) if raw is not None else 0
-                    txn.put(ekey, u64(prior + 1), db=fp_db)
+                    put(ekey, u64(prior + 1), db=fp_db)
                 label, weight = label_and_weight(sig, prior, table)
                 last += 1
-                if not txn.put(u64(last), encode_record(sig, label, weight, received),
-                               db=sig_db, append=True):
+                key = u64(last)
+                if not put(key, encode_record(sig, label, weight, received), db=sig_db,
+                           append=True):
                     raise lmdb.CorruptedError(f"signal log key {last} already exists")
                 if sid is not None:
-                    txn.put(sid, u64(last), db=dedup_db)
+                    put(sid, key, db=dedup_db)
                 out.append((last, False))
             self._meta_put_int(txn, b"last_seq", last)
             return out
