@@ -33,7 +33,7 @@ from ..engine import Model, ModelConfig
 from ..engine.layout import num_params, param_layout
 from ..signals import WeightTable
 from ..store import GroupCommitter, Store, StoreError
-from ..store.env import check_free_space, disk_free, human
+from ..store.disk import check_free_space, disk_free, human
 from . import systemd
 from .access import AccessPolicy
 from .connections import Connections
