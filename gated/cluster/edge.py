@@ -22,7 +22,8 @@ from typing import Any
 
 import msgpack
 
-from ..daemon.server import Daemon, Refused
+from ..daemon.ops import Refused
+from ..daemon.server import Daemon
 from ..daemon.serving import Calibration, Snapshot
 from ..engine.tokenizer import source_batch
 from .metrics import ClusterMetrics

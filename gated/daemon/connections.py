@@ -46,7 +46,7 @@ from typing import Any
 
 from ..config import Limits
 from ..protocol import FrameDecoder, ProtocolError, Request, error_reply, pack
-from ..store.env import human
+from ..store.disk import human
 
 log = logging.getLogger("gated")
 

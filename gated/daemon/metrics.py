@@ -11,21 +11,15 @@ so tests (and a process embedding two daemons) can build as many as they like.
 
 from __future__ import annotations
 
-import logging
-import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
-from prometheus_client import start_http_server as _prom_start_http_server
 from prometheus_client.process_collector import ProcessCollector
 
 from .. import __version__
-from ..config import parse_hostport
 from ..protocol import ERROR_CODES, OPS
-
-log = logging.getLogger("gated.metrics")
+from .metrics_http import MetricsServer, start_http_server
 
 #: Latency buckets in seconds: 50 us (a cached tiny-model predict) .. 10 s (a flint
 #: training step on a slow CPU).
@@ -503,41 +497,3 @@ class Metrics:
     def serve(self, addr: str) -> MetricsServer:
         """Start the HTTP endpoint for this registry on ``addr`` ("HOST:PORT")."""
         return start_http_server(addr, self.registry)
-
-
-@dataclass
-class MetricsServer:
-    """A running HTTP endpoint; ``stop()`` shuts it down and frees the port."""
-
-    server: object
-    thread: threading.Thread
-    host: str
-    port: int
-
-    @property
-    def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}/metrics"
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(timeout=5)
-
-
-def start_http_server(addr: str, registry: CollectorRegistry) -> MetricsServer:
-    """Serve ``registry`` on http://HOST:PORT/metrics from a daemon thread.
-
-    Raises OSError when the address cannot be bound (say which, so the operator can change
-    ``daemon.metrics_addr``).
-    """
-    host, port = parse_hostport(addr)
-    try:
-        server, thread = _prom_start_http_server(port, addr=host, registry=registry)
-    except OSError as e:
-        raise OSError(e.errno, f"cannot serve metrics on {addr}: {e.strerror}; set "
-                               "daemon.metrics_addr (or --metrics-addr) to a free "
-                               "HOST:PORT") from e
-    bound = server.server_address[1]
-    log.info("metrics on http://%s:%d/metrics", host, bound)
-    return MetricsServer(server=server, thread=thread, host=host, port=bound)

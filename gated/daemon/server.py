@@ -1,4 +1,5 @@
-"""`gated run`: the asyncio Unix-socket server, its op table, and the wiring of every part.
+"""`gated run`: the asyncio Unix-socket server, its op table (the handlers are in ops.py),
+and the wiring of every part.
 
 Two processes (docs/architecture.md):
 - this one serves: the event loop (sockets, validation, replies; never blocks on LMDB or
@@ -30,14 +31,14 @@ from ..config import Config, ConfigError, cli_overrides, load_config
 from ..device import choose_backend, describe_preflight
 from ..engine import Model, ModelConfig
 from ..engine.layout import num_params, param_layout
-from ..protocol import ProtocolError, Request, error_reply, ok_reply
-from ..signals import SignalError, WeightTable, validate_signal
-from ..store import GroupCommitter, Store, StoreError, StoreFullError
-from ..store.env import check_free_space, disk_free, human
+from ..signals import WeightTable
+from ..store import GroupCommitter, Store, StoreError
+from ..store.disk import check_free_space, disk_free, human
 from . import systemd
 from .access import AccessPolicy
-from .connections import Connection, Connections
+from .connections import Connections
 from .metrics import Metrics
+from .ops import OpHandlers
 from .reload import ConfigWatcher, Reloader
 from .serving import Bands, Calibration, MicroBatcher, Serving
 from .supervisor import TrainerSupervisor
@@ -63,16 +64,7 @@ def limit_blas_threads(n: int) -> None:
     threadpool_limits(limits=n)
 
 
-class Refused(Exception):
-    """Refuse a request with this error `code` (e.g. `overloaded`): raised by a part the
-    daemon delegates to (a cluster role's signal path) when nothing was stored."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-class Daemon:
+class Daemon(OpHandlers):
     def __init__(self, cfg: Config, *, config_path: str | None = None,
                  overrides: dict | None = None, reinit: bool = False) -> None:
         self.cfg = cfg
@@ -87,147 +79,6 @@ class Daemon:
                     "predict": self._op_predict, "explain": self._op_explain,
                     "signal": self._op_signal, "signals": self._op_signals,
                     "rollback": self._op_rollback, "resume": self._op_resume}
-
-    # --- requests (gated/daemon/connections.py reads them and writes the replies) ---------
-    async def dispatch(self, req: Request, conn: Connection | None = None) -> dict[str, Any]:
-        """The reply to one request from ``conn`` (its peer checked against [access])."""
-        if conn is not None and not self.access.allows(req.op, conn.peer):
-            return self._forbidden(req, conn)
-        try:
-            return await self.ops[req.op](req)
-        except Refused as e:
-            self.metrics.rejected(e.code)
-            return error_reply(req.rid, e.code, str(e))
-        except StoreFullError as e:
-            log.error("storing signals failed, the disk or map is full: %s", e)
-            return error_reply(req.rid, "store_full", f"the signals were NOT stored: {e}")
-        except StoreError as e:
-            log.error("storing signals failed: %s", e)
-            return error_reply(req.rid, "internal", f"the signals were NOT stored: {e}")
-        except Exception as e:  # noqa: BLE001 - one bad request never takes the daemon down
-            log.exception("request %r failed", req.op)
-            return error_reply(req.rid, "internal", f"{type(e).__name__}: {e}")
-
-    def _forbidden(self, req: Request, conn: Connection) -> dict[str, Any]:
-        message = self.access.refusal(req.op, conn.peer)
-        self.metrics.refused(req.op)
-        self.metrics.rejected("forbidden")
-        if req.op not in conn.refused:  # once per op and connection, not per request
-            conn.refused.add(req.op)
-            log.warning("refused %s from %s: not in the [access] lists", req.op, conn.peer)
-        return error_reply(req.rid, "forbidden", message)
-
-    async def _op_ping(self, req: Request) -> dict[str, Any]:
-        return ok_reply(req.rid, pong=True, version=self.serving.current.version)
-
-    async def _op_status(self, req: Request) -> dict[str, Any]:
-        return ok_reply(req.rid, **self.status())
-
-    def _refuse_while_draining(self, req: Request) -> dict[str, Any] | None:
-        if not self._draining:
-            return None
-        return error_reply(req.rid, "shutting_down", "the daemon is stopping; nothing was "
-                           "stored, resend after it restarts")
-
-    async def _op_signal(self, req: Request) -> dict[str, Any]:
-        refused = self._refuse_while_draining(req)
-        if refused:
-            return refused
-        result = (await self._ingest([req.signal]))[0]
-        if "error" in result:
-            return error_reply(req.rid, result["error"]["code"], result["error"]["message"])
-        return ok_reply(req.rid, **result)
-
-    async def _op_signals(self, req: Request) -> dict[str, Any]:
-        refused = self._refuse_while_draining(req)
-        if refused:
-            return refused
-        return ok_reply(req.rid, results=await self._ingest(req.signals or []))
-
-    async def _op_rollback(self, req: Request) -> dict[str, Any]:
-        """Republish a kept earlier version (the trainer does it, one transaction) and
-        train on from it, or pause training (`pause`)."""
-        to, pause = req.args["to"], req.args["pause"]
-        info = await asyncio.get_running_loop().run_in_executor(
-            None, self.store.published_info)
-        kept = (info or {}).get("kept", [])
-        if to not in kept:
-            return error_reply(req.rid, "invalid_value", f"version {to} is not kept; the "
-                               f"kept published versions are {kept}")
-        if not self.supervisor.alive():
-            return error_reply(req.rid, "overloaded", "the trainer process is restarting; "
-                               "nothing was changed, retry in a few seconds")
-        log.warning("operator rollback to version %d requested (pause: %s)", to, pause)
-        self.supervisor.rollback(to, pause)
-        return ok_reply(req.rid, requested=True, to=to, pause=pause,
-                        version=self.serving.current.version)
-
-    async def _op_resume(self, req: Request) -> dict[str, Any]:
-        self.supervisor.resume()
-        return ok_reply(req.rid, resumed=True)
-
-    async def _ingest(self, entries: list) -> list[dict]:
-        """Validate (once, against the configured [limits]), group-commit, acknowledge:
-        a result per entry, in order."""
-        results: list[dict | None] = [None] * len(entries)
-        valid, where = [], []
-        for i, entry in enumerate(entries):
-            if isinstance(entry, ProtocolError):
-                results[i] = {"error": entry.as_dict()}
-                continue
-            try:
-                valid.append(validate_signal(entry, self.cfg.limits))
-                where.append(i)
-            except SignalError as e:
-                results[i] = {"error": e.to_dict()}
-        for r in results:
-            if r is not None:
-                self.metrics.rejected(r["error"]["code"])
-        if valid:
-            acks = await asyncio.wrap_future(self.committer.submit(valid))
-            for i, (seq, dup) in zip(where, acks, strict=True):
-                results[i] = {"seq": seq, "duplicate": dup}
-            self.metrics.received(len(valid))
-            self.supervisor.wake()
-            # Corrections enter the override memory before the reply (the next predict
-            # honours them), and the reply waits for their LMDB commit; outcomes are
-            # linked to the served predictions they reference.
-            stored = self.trust.on_signals(valid, acks)
-            if stored is not None:
-                await asyncio.wrap_future(stored)
-        return results  # type: ignore[return-value]
-
-    async def _op_predict(self, req: Request) -> dict[str, Any]:
-        """Operator rules, then the override memory, then the model (cache, then the
-        micro-batcher); the reply says which (`source`) and carries a `prediction_id`."""
-        t0 = time.perf_counter()
-        out = self.trust.decide(req.context, req.history or None)
-        if out is None:
-            out = self.serving.cached(req.context, req.history or None)
-            if self.serving.cache.size > 0:
-                self.metrics.cache_lookups.labels(result="miss" if out is None
-                                                  else "hit").inc()
-            if out is None:
-                out = await asyncio.wrap_future(self.batcher.submit(req.context,
-                                                                    req.history or None))
-            out["source"] = "model"
-        seconds = time.perf_counter() - t0
-        self.metrics.observe_predict(seconds, "predict")
-        return ok_reply(req.rid, **self.trust.stamp(out, "predict", req.context, seconds))
-
-    async def _op_explain(self, req: Request) -> dict[str, Any]:
-        t0 = time.perf_counter()
-        out = self.trust.decide(req.context, req.history or None)
-        if out is not None:
-            out["reason"] = (f"operator rule {out['rule']}" if out["source"] == "rule" else
-                             f"a person's correction of this call ({out['override']})")
-        else:
-            out = await asyncio.get_running_loop().run_in_executor(
-                self._explain_pool, self.serving.explain, req.context, req.history or None)
-            out["source"] = "model"
-        seconds = time.perf_counter() - t0
-        self.metrics.observe_predict(seconds, "explain")
-        return ok_reply(req.rid, **self.trust.stamp(out, "explain", req.context, seconds))
 
     # --- the trainer's reports -------------------------------------------------------------
     def on_trainer_message(self, name: str, payload: Any) -> None:

@@ -18,9 +18,10 @@ Public API::
     read_audit(state_dir, since=..., tool=...)   # `gated audit`, read-only
 
 Module layout: `env` (environment registry, transactions, map growth, error mapping),
-`log` (signal log, dedup, escalation, retention), `replay`, `checkpoint` (checkpoint and
-published snapshots), `history` (metrics), `group` (group commit), `admin` (backup,
-inspect), `trust` (override memory, audit log).
+`disk` (free space, the start-up check, the lock file's reserved blocks), `log` (signal
+log, dedup, escalation, retention), `replay`, `checkpoint` (checkpoint and published
+snapshots), `history` (metrics), `group` (group commit), `admin` (backup, inspect),
+`trust` (override memory, audit log).
 """
 
 from .admin import backup, format_inspect, inspect

@@ -14,7 +14,8 @@ from typing import Any
 import lmdb
 
 from .codec import from_u64, unpack
-from .env import DB_NAMES, EnvHandle, acquire, current, human, release
+from .disk import human
+from .env import DB_NAMES, EnvHandle, acquire, current, release
 from .errors import StoreError
 from .replay import _NL, _NU, _SEEN
 
