@@ -105,6 +105,12 @@ only on uploads" (not kept); ``dest-unheld``, ``dest-allow-only`` and ``dest-cro
                                files, ``~/.ssh/id_rsa`` a home's dot entry, ``/etc/shadow``
                                the system): the engine's `wide_sensitive_places` (grid
                                field 24) forced on; ``:only``: instead of the plain mark
+    --experiment held-weight=W a correction's first look (weight > 1) whose "allow" the pair
+                               term contradicts (held from it: `train.wide_pair_hold`)
+                               steps the linear weights at weight W instead of its own: a
+                               rightful "allow" the term cannot explain (a secret read 11
+                               calls back, one past the rule's window) moved every
+                               exfiltration's call words toward "allow" at weight 4
     --experiment dest-secret   the destination key only on a call after a credential-file
                                read (`with_dest_after_secret`), stepped as usual
     --experiment dest-unheld   the pair hold (`train.wide_pair_hold`) spares the pair
@@ -271,6 +277,18 @@ def with_allow_hold(learn, threshold: float, held: list[int]):
                 return z
         return learn(self, idx, val, z_rest, label, weight, pair, pair_hold)
     return hold_or_learn
+
+
+def with_held_weight(learn, weight: float, held: list[int]):
+    """`WideAdaGrad.learn` that gives a correction's held first-look "allow" (the pair term
+    says "block" by more than the hold) `weight` (counted in `held`)."""
+    def reweighted(self, idx, val, z_rest, label, w, pair=None, pair_hold=0.0):
+        if pair_hold > 0 and label >= 0.5 and w > 1.0:
+            if self._gradient(idx, val, z_rest, label, w, pair)["z_pair"] < -pair_hold:
+                held[0] += 1
+                w = weight
+        return learn(self, idx, val, z_rest, label, w, pair, pair_hold)
+    return reweighted
 
 
 def with_destination_rows(pair_features, rows_seen: set, zero_table: list | None = None,
@@ -615,7 +633,7 @@ def main() -> None:
     ap.add_argument("rest", nargs=argparse.REMAINDER,
                     help="-- then bench_wide_features.py's arguments")
     a = ap.parse_args()
-    held, views, dest_steps, kept = [0], [0], [0], [0]
+    held, views, dest_steps, kept, reweighted = [0], [0], [0], [0], [0]
     dest_rows: set[int] = set()
     for exp in a.experiment:
         if exp.startswith("destination"):  # destination[:SCALE][:egress][:outside]
@@ -642,6 +660,9 @@ def main() -> None:
         elif exp.startswith("allow-hold="):
             WideAdaGrad.learn = with_allow_hold(WideAdaGrad.learn,
                                                 float(exp.split("=", 1)[1]), held)
+        elif exp.startswith("held-weight="):
+            WideAdaGrad.learn = with_held_weight(WideAdaGrad.learn,
+                                                 float(exp.split("=", 1)[1]), reweighted)
         elif exp.startswith("shared-view="):  # shared-view=P[:words][:history]
             share, *opts = exp.split("=", 1)[1].split(":")
             record_parts("words" in opts, "history" in opts)
@@ -684,19 +705,23 @@ def main() -> None:
             ap.error(f"unknown experiment {exp!r}: destination[:SCALE][:egress], dest-cross=S, "
                      "pair-egress=S, "
                      "domain-key=S[:tool][:only], relax-part=R:PART, "
-                     "allow-hold=H, shared-view=P[:words][:history], adagrad-init=G0[:pair], "
+                     "allow-hold=H, held-weight=W, shared-view=P[:words][:history], "
+                     "adagrad-init=G0[:pair], "
                      "ngram-scale=S, ema=D, pair-lr=LR:N, dest-secret, dest-unheld or "
                      "dest-allow-only[:looks][:zero][:warm=N][:org][:secret]")
     rest = a.rest[1:] if a.rest[:1] == ["--"] else a.rest
     pair_hold = float(rest[rest.index("--pair-hold") + 1]) if "--pair-hold" in rest else 0.0
-    if any(e.startswith(("allow-hold=", "pair-lr=")) for e in a.experiment) and pair_hold <= 0:
-        ap.error("allow-hold and pair-lr count first looks, which the harness marks by its "
-                 "pair hold: pass --pair-hold H (> 0) too")
+    if (any(e.startswith(("allow-hold=", "pair-lr=", "held-weight=")) for e in a.experiment)
+            and pair_hold <= 0):
+        ap.error("allow-hold, pair-lr and held-weight count first looks, which the harness "
+                 "marks by its pair hold: pass --pair-hold H (> 0) too")
     print(f"experiments: {', '.join(a.experiment)}", flush=True)
     sys.argv = [sys.argv[0], *rest]
     bench_wide_features.main()
     if held[0]:
         print(f"first-look allows held from the linear weights: {held[0]}")
+    if reweighted[0]:
+        print(f"held corrections stepped at the experiment's weight: {reweighted[0]}")
     if views[0]:
         print(f"shared-view steps: {views[0]}")
     if dest_steps[0]:
