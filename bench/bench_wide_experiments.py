@@ -13,7 +13,8 @@ pair term" (now `ModelConfig.wide_pair_destination`, the harness's grid field 21
 the domain key (``domain-key=0.3``) too: "A domain key" (now `ModelConfig.wide_call_domains`,
 grid field 22; ``relax-part`` measured there, not kept); ``pair-egress``: "The pair term
 only on uploads" (not kept); ``dest-unheld``, ``dest-allow-only`` and ``dest-cross`` again:
-"Org uploads after a secret read" (not kept).
+"Org uploads after a secret read" (not kept); ``held-weight``: "Seed 3's dip, step by step"
+(not kept).
 
     --experiment destination[:SCALE][:egress][:outside]
                                the pair term's call side gains ``p|dest|<domain>``: the
