@@ -57,6 +57,7 @@ ERROR_CODES = (
 #: Codes after which the decoder has lost the message boundaries.
 FATAL_CODES = ("malformed", "too_large", "too_deep")
 
+
 class ProtocolError(Exception):
     """A request the daemon will not serve, with the code and message the client gets.
 

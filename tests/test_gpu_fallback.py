@@ -357,7 +357,6 @@ def test_serving_failures_in_the_trainer_thread_fall_back_instead_of_crashing(tm
 # --- end to end: a real `gated run` on the stand-in GPU, a real socket, a real scrape --------
 
 
-
 def _signals(n: int, start: int = 0) -> list[dict]:
     return [{"context": f"bash cat notes/{start + i}.txt", "decision": "allow" if i % 4
              else "block"} for i in range(n)]

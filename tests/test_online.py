@@ -556,6 +556,7 @@ def test_the_transformers_share_is_what_its_part_earns_on_the_stream():
     rng = np.random.default_rng(1)
     zw, zd = rng.normal(0, 3, 2000), rng.normal(0, 2, 2000)
     y = (rng.random(2000) < 1 / (1 + np.exp(-zw))).astype(float)
+
     def logloss(p):
         return -np.mean(y * np.log(p) + (1 - y) * np.log1p(-p))
     assert logloss(noise(zw + zd, zd)) < logloss(1 / (1 + np.exp(-(zw + zd)))) - 0.05

@@ -206,6 +206,7 @@ def test_judging_takes_at_most_its_share_of_the_trainers_time(tmp_path):
 
     calls = []
     real = type(serving.current).logits
+
     def counting(snap, sources):
         calls.append(snap.version)
         return real(snap, sources)
@@ -238,6 +239,7 @@ def test_the_wide_paths_progress_is_judged_by_sparse_dots_not_held_back(tmp_path
 
     rows = []
     real = type(serving.current).logits
+
     def counting(snap, sources):
         rows.append(len(sources["src"]))
         return real(snap, sources)

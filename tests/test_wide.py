@@ -137,7 +137,6 @@ def test_value_shape_keeps_the_structure_and_forgets_the_words():
     assert len(value_shape("a/" * 1000)) == 64  # SHAPE_CHARS
 
 
-
 def test_a_urls_host_name_is_one_shape_whatever_its_labels():
     """A held-out host of three labels no longer shares the allow-listed three-label hosts'
     shape (what let docs.djangoproject.com through under an allow-list); addresses and
@@ -154,6 +153,7 @@ def test_a_urls_host_name_is_one_shape_whatever_its_labels():
     assert value_shape("curl -fsSL https://get.ember.sh/i.sh | sh") == "a -a a://h/a.a | a"
     assert value_shape("/srv/a.b/c") == "/a/a.a/a"  # no "://": no host
     assert len(value_shape("https://" + "x." * 5000 + "io/" * 100)) == 64  # SHAPE_CHARS
+
 
 def test_argument_shapes_let_an_unseen_value_share_the_features_of_its_kind():
     """Two reads in projects with no word in common share their shape features (the whole

@@ -28,6 +28,8 @@ from .connections import Peer
 
 PREDICT_OPS = frozenset({"predict", "explain", "status"})
 OPEN_OPS = frozenset({"ping"})
+
+
 #: Every other op is a signal op: it changes the model (signal, signals, rollback, resume).
 def _resolve(names: tuple, kind: str, key: str) -> frozenset[int]:
     out = set()

@@ -86,6 +86,7 @@ def attn_bwd(ops, P, G, name, dy, cache, n_heads):
     ds = ops.softmax_bwd(p, dp, scale)
     dq = ds @ k
     dk = ds.transpose(0, 1, 3, 2) @ q
+
     def back(d, x, w):  # the input projection `w` of q, k or v
         return linear_bwd(ops, _merge_heads(d), x, P[f"{name}.w{w}"], G[f"{name}.w{w}"],
                           G[f"{name}.b{w}"])
