@@ -195,3 +195,28 @@ def test_training_example_from_stored_signal():
     ex = training_example(stored)
     assert ex == {"context": stored["context"], "history": ["a"], "reason": "ok",
                   "label": 0.0, "weight": 6.0, "feedback": "false_negative"}
+
+
+def test_history_items_are_checked_by_utf8_bytes_type_and_text():
+    """The history's ASCII fast path and its item-by-item path give the same verdicts:
+    the limit counts UTF-8 bytes (a 2-byte character counts twice), a non-string item
+    and a lone surrogate are named by their index, and a tuple or a str subclass passes
+    as a list of plain strings."""
+    lim = Limits(max_context_bytes=8)
+    assert validate_signal(sig(context="ls", history=["abcdefgh", "é" * 4]), lim)["history"] == [
+        "abcdefgh", "é" * 4]
+    for history, code, what in ((["ok", "é" * 5], "too_large", "'history[1]' is 10 bytes"),
+                                (["ok", "x" * 9], "too_large", "'history[1]' is 9 bytes"),
+                                (["ok", 7], "wrong_type", "'history[1]' must be a string"),
+                                ([b"ok"], "wrong_type", "'history[0]' must be a string"),
+                                (["ok", "a\udc80"], "invalid_value", "'history[1]' is not "
+                                                                     "valid UTF-8")):
+        with pytest.raises(SignalError) as info:
+            validate_signal(sig(context="ls", history=history), lim)
+        assert info.value.code == code and what in info.value.message, history
+
+    class Text(str):
+        pass
+
+    out = validate_signal(sig(context="ls", history=("a", Text("b"))), lim)["history"]
+    assert out == ["a", "b"] and type(out) is list

@@ -678,3 +678,44 @@ def test_a_format_1_checkpoint_is_refused_by_name(store, monkeypatch):
     monkeypatch.undo()
     with pytest.raises(CheckpointMismatch, match="format 1.*--reinit"):
         store.load_checkpoint(layout=LAYOUT, config_fingerprint="fp")
+
+
+def test_pack_reuses_a_packer_per_thread_and_recovers_from_a_failed_record():
+    """codec.pack keeps one msgpack Packer per thread: its bytes are packb's, a record
+    that cannot be packed leaves nothing behind for the next one, threads do not share
+    a buffer, and a Packer that packed something large is dropped (its buffer would
+    stay that large)."""
+    import msgpack
+
+    from gated.store import codec
+
+    rec = {"context": "fs.read {\"path\": \"/etc/hosts\"}", "label": 1.0, "h": ["a", "b"],
+           "arr": np.arange(3)}
+    expected = msgpack.packb(rec, use_bin_type=True, default=codec._default)
+    assert codec.pack(rec) == expected
+    with pytest.raises(TypeError, match="cannot store a value of type object"):
+        codec.pack({"context": "x" * 100, "bad": object()})
+    assert codec.pack(rec) == expected  # no leftover bytes of the failed record
+    assert codec.unpack(codec.pack(rec))["arr"] == [0, 1, 2]
+
+    results: dict[int, list[bytes]] = {}
+
+    def worker(k: int) -> None:
+        results[k] = [codec.pack({"k": k, "i": i, "pad": "y" * (i % 50)}) for i in range(2000)]
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for k, packed in results.items():
+        assert [codec.unpack(b)["k"] for b in packed] == [k] * 2000
+        assert [codec.unpack(b)["i"] for b in packed] == list(range(2000))
+
+    codec.pack(rec)
+    kept = codec._PACKERS.packer
+    assert codec.pack(rec) and codec._PACKERS.packer is kept  # reused
+    big = codec.pack({"blob": b"z" * (codec._KEEP_PACKER_BELOW + 1)})
+    assert len(big) > codec._KEEP_PACKER_BELOW
+    assert not hasattr(codec._PACKERS, "packer")  # dropped after the large one
+    assert codec.pack(rec) == expected

@@ -32,18 +32,25 @@ def _default(obj: Any) -> Any:
 
 
 _PACKERS = threading.local()
+#: a thread's Packer is reused only while what it packs stays under this many bytes
+_KEEP_PACKER_BELOW = 1 << 20
 
 
 def pack(obj: Any) -> bytes:
     """msgpack bytes of `obj`. One `msgpack.Packer` per thread, reused: `msgpack.packb`
     builds a new one per call, which was a fifth of the signal log's per-signal cost
     (bench_ingest.py). A Packer is not thread-safe, and it empties its buffer when a
-    `pack` raises, so a failed record leaves nothing behind for the next one."""
+    `pack` raises, so a failed record leaves nothing behind for the next one. Its buffer
+    keeps the size of the largest object it packed, so after a large one (a checkpoint
+    head with a big ``extra``) the thread's Packer is dropped rather than kept."""
     try:
         packer = _PACKERS.packer
     except AttributeError:
         packer = _PACKERS.packer = msgpack.Packer(use_bin_type=True, default=_default)
-    return packer.pack(obj)
+    data = packer.pack(obj)
+    if len(data) > _KEEP_PACKER_BELOW:
+        del _PACKERS.packer
+    return data
 
 
 def unpack(data: bytes | memoryview) -> Any:
