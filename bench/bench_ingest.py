@@ -106,7 +106,7 @@ def run_case(workdir: str, clients: int, batch: int, window: int, seconds: float
     """Acknowledged signals/s for one configuration, on a fresh state dir.
 
     Clients are asyncio tasks on one event loop that validate their batch and await
-    `asyncio.wrap_future(submit())`, as the daemon's socket server does: one loop thread
+    `submit_async()`, as the daemon's socket server does: one loop thread
     (validation happens there, once), the group-commit writer thread.
     """
     state = tempfile.mkdtemp(prefix="state-", dir=workdir)
@@ -132,7 +132,7 @@ def run_case(workdir: str, clients: int, batch: int, window: int, seconds: float
                 pool, pos = source.take(len(pool)), 0
             t0 = time.perf_counter()
             valid = [validate_signal(s) for s in pool[pos:pos + batch]]
-            inflight.append((t0, asyncio.wrap_future(committer.submit(valid))))
+            inflight.append((t0, committer.submit_async(valid)))
             pos += batch
             while len(inflight) >= window:
                 await reap()

@@ -259,6 +259,61 @@ def test_group_commit_from_asyncio(store):
     assert sorted(r[0][0] for r in results) == list(range(1, 21))
 
 
+def test_submit_async_answers_a_round_in_one_hand_over_to_the_loop(store, monkeypatch):
+    """`submit_async` callers on one event loop get their round's replies through one
+    ``call_soon_threadsafe`` (one `_settle`), beside `submit`'s thread callers in the same
+    round; a caller that stopped waiting still has its signals committed; a failed commit
+    reaches every async caller as its error; a closed committer refuses."""
+    from gated.store import group
+
+    settled: list[int] = []
+    real_settle = group._settle
+
+    def counting_settle(replies):
+        settled.append(len(replies))
+        real_settle(replies)
+
+    monkeypatch.setattr(group, "_settle", counting_settle)
+    held = _HeldStore(store)
+
+    async def main() -> tuple[list, list]:
+        with GroupCommitter(held) as gc:
+            first = gc.submit_async([vsig(0)])
+            while not held.entered.is_set():  # round 1 (one caller) sits in its commit
+                await asyncio.sleep(0.001)
+            waiting = [gc.submit_async([vsig(i)]) for i in range(1, 6)]
+            gone = gc.submit_async([vsig(6), vsig(7)])
+            gone.cancel()  # its caller stopped waiting: the round commits it anyway
+            threads = [gc.submit([vsig(i)]) for i in (8, 9)]
+            held.release()
+            got = await asyncio.gather(first, *waiting)
+            return got, [f.result(10) for f in threads]
+
+    got, from_threads = asyncio.run(main())
+    assert held.rounds == [1, 9]  # round 2: five async callers, the gone one, two threads
+    assert settled == [1, 6]  # one hand-over per round to this loop (with the gone one)
+    assert [r[0][0] for r in got] == list(range(1, 7))
+    assert [r[0][0] for r in from_threads] == [9, 10]
+    assert [seq for seq, _ in store.read_signals(0, 100)] == list(range(1, 11))
+
+    class FailingStore:
+        def append_signals(self, signals, **kw):
+            raise StoreError("disk on fire")
+
+    async def failing() -> list:
+        gc = GroupCommitter(FailingStore())
+        try:
+            return await asyncio.gather(*(gc.submit_async([vsig(i)]) for i in range(4)),
+                                        return_exceptions=True)
+        finally:
+            gc.close()
+            with pytest.raises(RuntimeError, match="closed"):
+                gc.submit_async([vsig(99)])
+
+    errors = asyncio.run(failing())
+    assert [type(e) for e in errors] == [StoreError] * 4
+
+
 # --- replay reservoir ---------------------------------------------------------------------------
 def ex(i: int, feedback: str | None = None) -> dict:
     return {"context": f"call {i}", "history": [], "reason": None, "label": 1.0,

@@ -77,8 +77,11 @@ class JetStreamCommitter:
     def close(self) -> None:
         self.closed = True
 
-    def submit(self, signals: list[dict]) -> asyncio.Future:
+    def submit_async(self, signals: list[dict]) -> asyncio.Future:
+        """The daemon's ingest awaits this (as `GroupCommitter.submit_async`)."""
         return asyncio.ensure_future(self._publish(list(signals)))
+
+    submit = submit_async  # on the edge both are the event loop's
 
     def _refuse(self, n: int, why: str) -> Refused:
         self.edge.cm.published.labels(result="refused").inc(n)

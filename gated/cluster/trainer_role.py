@@ -146,7 +146,7 @@ class TrainerDaemon(NatsRole, Daemon):
         if not signals:
             return
         try:
-            acks = await asyncio.wrap_future(self.committer.submit(signals))
+            acks = await self.committer.submit_async(signals)
         except StoreError as e:
             log.error("trainer: storing %d signals failed (%s); JetStream redelivers them",
                       len(signals), e)

@@ -131,7 +131,7 @@ class OpHandlers:
             if r is not None:
                 self.metrics.rejected(r["error"]["code"])
         if valid:
-            acks = await asyncio.wrap_future(self.committer.submit(valid))
+            acks = await self.committer.submit_async(valid)
             for i, (seq, dup) in zip(where, acks, strict=True):
                 results[i] = {"seq": seq, "duplicate": dup}
             self.metrics.received(len(valid))

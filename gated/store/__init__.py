@@ -8,6 +8,7 @@ Public API::
     store.append_signals(signals) -> [(seq, duplicate)]   # returns after the commit
     committer = GroupCommitter(store)             # many callers, one fsync per round
     committer.submit(signals) -> Future[[(seq, duplicate)]]
+    await committer.submit_async(signals)         # from an event loop (the daemon)
     store.read_signals(after_seq, limit) -> [(seq, signal)]
     store.save_checkpoint(...); store.load_checkpoint(layout=..., config_fingerprint=...)
     store.publish(version, flat, step=...); load_published(state_dir) -> (version, flat)
