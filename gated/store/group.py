@@ -18,7 +18,7 @@ normalised shape, and an ``id`` short enough to be an LMDB key.
 From asyncio: ``results = await committer.submit_async(signals)``: the round's replies
 to one event loop are handed over in ONE ``call_soon_threadsafe``, where a
 `concurrent.futures.Future` wrapped by `asyncio.wrap_future` costs one per caller (a wake-up
-of the loop each, while the writer still resolves the others): 1.16x the signals/s of 8
+of the loop each, while the writer still resolves the others): 1.22x the signals/s of 8
 waiting single-signal clients, side by side (docs/benchmarks.md "Durable ingest").
 """
 
