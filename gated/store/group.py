@@ -41,6 +41,10 @@ log = logging.getLogger("gated.store")
 Results = list[tuple[int, bool]]
 _STOP = object()
 
+#: How long a commit round may wait for the callers the last round had (`_gather`): a few
+#: client round trips on one machine, a fraction of the two fsyncs a commit costs.
+GATHER_SECONDS = 200e-6
+
 
 class _LoopWaiter:
     """A `submit_async` caller: its event loop and the asyncio future it awaits."""
@@ -62,9 +66,6 @@ def _settle(replies: list[tuple[asyncio.Future, Results | None, BaseException | 
             future.set_result(results)
         else:
             future.set_exception(error)
-#: How long a commit round may wait for the callers the last round had (`_gather`): a few
-#: client round trips on one machine, a fraction of the two fsyncs a commit costs.
-GATHER_SECONDS = 200e-6
 
 
 def check_normalised(signals: Sequence[Mapping[str, Any]]) -> None:
