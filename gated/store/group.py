@@ -19,7 +19,8 @@ From asyncio: ``results = await committer.submit_async(signals)``: the round's r
 to one event loop are handed over in ONE ``call_soon_threadsafe``, where a
 `concurrent.futures.Future` wrapped by `asyncio.wrap_future` costs one per caller (a wake-up
 of the loop each, while the writer still resolves the others): 1.22x the signals/s of 8
-waiting single-signal clients, side by side (docs/benchmarks.md "Durable ingest").
+waiting single-signal clients, the code before and after alternated on one machine
+(README, the ingest rows).
 """
 
 from __future__ import annotations
