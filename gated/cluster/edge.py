@@ -81,8 +81,6 @@ class JetStreamCommitter:
         """The daemon's ingest awaits this (as `GroupCommitter.submit_async`)."""
         return asyncio.ensure_future(self._publish(list(signals)))
 
-    submit = submit_async  # on the edge both are the event loop's
-
     def _refuse(self, n: int, why: str) -> Refused:
         self.edge.cm.published.labels(result="refused").inc(n)
         return Refused("overloaded", f"{why}; the signals were NOT acknowledged: resend "

@@ -186,9 +186,9 @@ class CheckedTest:
     `max_waits` waits in all; at the last, the threshold decides, as with one wait
     (confirming the undecided ones instead withdrew 26-31 of 40 synthetic long spells of
     the gate's mistakes, against 39: docs/learning.md "A drift verdict with a margin").
-    Without a
-    wait, or when part of the run is missing (after a restart, or past `RUN_MEMORY`), the
-    verdict is "confirmed" at once: nothing can withdraw what cannot be rechecked.
+    Without a wait, or when part of the run is missing (after a restart, or past
+    `RUN_MEMORY`), the verdict is "confirmed" at once: nothing can withdraw what cannot be
+    rechecked.
     """
 
     def __init__(self, test: PageHinkley, wait: int, withdraw_below: float = 1.0,

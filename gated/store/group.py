@@ -121,13 +121,9 @@ class GroupCommitter:
         """Queue signals already returned by `validate_signal`; the future resolves with
         ``[(seq, duplicate), ...]`` in order, after they committed. A signal that was not
         normalised raises here (see `check_normalised`), before anything is queued."""
-        check_normalised(signals)
-        checked = list(signals)
         fut: Future[Results] = Future()
-        if not checked:
+        if not self._enqueue(signals, fut):
             fut.set_result([])
-            return fut
-        self._enqueue(checked, fut)
         return fut
 
     def submit_async(self, signals: Sequence[Mapping[str, Any]]) -> asyncio.Future[Results]:
@@ -136,22 +132,25 @@ class GroupCommitter:
         Signals queued here are committed even if the caller stops waiting (a client that
         disconnected and re-sends is deduplicated by its ids); `submit`'s cancelled
         futures are not."""
-        check_normalised(signals)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Results] = loop.create_future()
-        checked = list(signals)
-        if not checked:
+        if not self._enqueue(signals, _LoopWaiter(loop, future)):
             future.set_result([])
-            return future
-        self._enqueue(checked, _LoopWaiter(loop, future))
         return future
 
-    def _enqueue(self, checked: list, waiter: Any) -> None:
+    def _enqueue(self, signals: Sequence[Mapping[str, Any]], waiter: Any) -> bool:
+        """Check and queue `signals` for `waiter` (either kind); False when there are
+        none, so nothing was queued and the caller answers at once."""
+        check_normalised(signals)
+        checked = list(signals)
+        if not checked:
+            return False
         with self._lock:
             if self._closed:
                 raise RuntimeError("the group committer is closed; the daemon is shutting down")
             self._pending += len(checked)
             self._q.put((checked, waiter))
+        return True
 
     def set_weights(self, table: WeightTable) -> None:
         """Hot reload of the label/weight table: applies from the next commit on (a batch
