@@ -62,9 +62,9 @@ def fresh_learner(cfg: ModelConfig, tc: TrainConfig) -> WideAdaGrad:
 def score(learner: WideAdaGrad, probes: list, feats: list) -> dict:
     """Accuracy on the held-out probes, their block recall, and the history rule."""
     (unseen, f_unseen), (hist, f_hist) = zip(probes, feats, strict=True)
-    z = np.array([learner.gradient(i, v, 0.0, 1.0, 1.0, p)[2] for i, v, p in f_unseen])
+    z = np.array([learner.logit(i, v, 0.0, p) for i, v, p in f_unseen])
     y = np.array([e.true_allow for e in unseen])
-    zh = np.array([learner.gradient(i, v, 0.0, 1.0, 1.0, p)[2] for i, v, p in f_hist])
+    zh = np.array([learner.logit(i, v, 0.0, p) for i, v, p in f_hist])
     yh = np.array([e.true_allow for e in hist])
     missed = collections.Counter(e.category for e, zz in zip(unseen, z, strict=True)
                                  if not e.true_allow and zz >= 0)

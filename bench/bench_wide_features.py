@@ -93,7 +93,12 @@ read in the window -- and their allow twins apart).
         --switch-at 4000 --every 500 --init-seed -1 --second-look 200 --pair-hold 3 \
         --drift-relax 1 \
         --grid 0.3,0.3,1e-3,8,0.1,0.5,1,0.5,0.1,0,-1,1,4,1,1,2,1,0.5,1,1,1,0.3,0.0625,1
-        # the sensitive mark's place (kept: today's defaults)
+        # the sensitive mark's place (kept)
+    .venv/bin/python bench/bench_wide_features.py --seeds 0 1 2 3 4 5 --signals 10000 \
+        --switch-at 4000 --every 500 --init-seed -1 --second-look 200 --pair-hold 3 \
+        --drift-relax 1 \
+        --grid 0.3,0.3,1e-3,8,0.1,0.5,1,0.5,0.1,0,-1,1,4,1,1,2,1,0.5,1,1,1,0.3,0.0625,1,8
+        # the wide path as a bag of 8 (kept: today's defaults)
 """
 
 from __future__ import annotations
@@ -156,8 +161,8 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
            drift_relax_pair: float = -1.0, drift_cap: float = 0.0,
            destination: float = 0.0, domains: float = 0.0,
            destination_share: float = 0.0, sensitive_places: bool = False,
-           drift_withdraw_below: float | None = None, drift_waits: int | None = None
-           ) -> dict:
+           drift_withdraw_below: float | None = None, drift_waits: int | None = None,
+           members: int = 1) -> dict:
     """One setting's run; `lag` > 1 scores each signal with weights that have not yet
     learned the previous `lag` - 1 (updates applied in groups of `lag`), as the daemon's
     trainer scores a step's arrivals with the weights published before them. `pair_rank`
@@ -190,6 +195,7 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
     `ModelConfig.wide_call_domains` (0 here by default, for the same reason),
     `destination_share` `ModelConfig.wide_pair_destination_share` (0 here by default, for
     the same reason), `sensitive_places` `ModelConfig.wide_sensitive_places` (off here by
+    default, for the same reason), `members` `ModelConfig.wide_members` (1 here by
     default, for the same reason)."""
     cfg = dataclasses.replace(ModelConfig.preset("flint"), wide_call_words=words,
                               wide_history_cross=cross, wide_pair_rank=pair_rank,
@@ -203,7 +209,8 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
                               wide_pair_destination=destination,
                               wide_call_domains=domains,
                               wide_pair_destination_share=destination_share,
-                              wide_sensitive_places=sensitive_places)
+                              wide_sensitive_places=sensitive_places,
+                              wide_members=members)
 
     def feats(context: str, history: list[str] | None) -> tuple:
         b = source_batch([(context, history)], cfg)
@@ -244,7 +251,7 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
                          for e in events])
 
     def z_of_one(f) -> float:
-        return wide.gradient(*f[:3], 1.0, 1.0, f[3])[2]
+        return wide.logit(*f[:3], f[3])
 
     for i in range(n):
         if i == switch_at:
@@ -269,8 +276,8 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
                 if began is not None:  # the trainer's on_drift, for the wide path
                     look.forget_before(began)
                     wide.relax(drift_relax, None if drift_relax_pair < 0 else drift_relax_pair)
-                    if drift_cap > 0:
-                        np.minimum(wide.g2, drift_cap, out=wide.g2)
+                    for learner in getattr(wide, "learners", [wide]) if drift_cap > 0 else []:
+                        np.minimum(learner.g2, drift_cap, out=learner.g2)
                     drifts.append((i, began, None))
                 for b, confirmed in detector.take_verdicts():
                     k = next(j for j, d in enumerate(drifts) if d[1] == b and d[2] is None)
@@ -321,7 +328,7 @@ def main() -> None:
     ap.add_argument("--grid", nargs="+", default=DEFAULT_GRID,
                     metavar="WORDS,CROSS,L2[,PAIR_RANK[,PAIR_LR[,POOL[,SHAPES[,LR[,INIT[,VETO"
                     "[,PAIR_L2[,KNOWN[,SENSITIVE[,EGRESS[,BLOCK[,ENDPOINTS[,SQL[,PLACES[,HOSTS[,SHARED"
-                    "[,DEST[,DOMAINS[,DEST_SHARE[,MARK_PLACES]]]]]]]]]]]]]]]]]]]]]")
+                    "[,DEST[,DOMAINS[,DEST_SHARE[,MARK_PLACES[,MEMBERS]]]]]]]]]]]]]]]]]]]]]]")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--signals", type=int, default=12000)
     ap.add_argument("--switch-at", type=int, default=4000)
@@ -378,11 +385,11 @@ def main() -> None:
         fields = [float(x) for x in spec.split(",")]
         words, cross, l2 = fields[:3]
         defaults = (0, 0.1, 0.5, 0.0, 0.5, 0.1, 0.0, -1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0,
-                    0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+                    0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0)
         (rank, pair_lr, pool, shapes, lr, init, veto, pair_l2, known, sens, egress, block,
-         endpoints, sql, places, hosts, shared, dest, domains, dest_share, mark_places) = (
-             fields[3 + k] if len(fields) > 3 + k else d
-             for k, d in enumerate(defaults))  # fields 4 to 24
+         endpoints, sql, places, hosts, shared, dest, domains, dest_share, mark_places,
+         members) = (fields[3 + k] if len(fields) > 3 + k else d
+                     for k, d in enumerate(defaults))  # fields 4 to 25
         rank = int(rank)
         for seed in a.seeds:
             r = replay(words, cross, l2, seed, a.signals, a.switch_at, a.probes, points, a.lag,
@@ -392,7 +399,7 @@ def main() -> None:
                        seed if a.init_seed < 0 else a.init_seed, a.second_look, a.pair_hold,
                        a.drift_relax, a.drift_relax_pair, a.drift_cap, dest, domains,
                        dest_share, bool(mark_places), a.drift_withdraw_below,
-                       a.drift_waits)
+                       a.drift_waits, int(members))
             p0, p1 = (r["at"][p] for p in points)
 
             def pair(k: str, p0=p0, p1=p1) -> str:

@@ -195,10 +195,11 @@ def test_flint_parameter_count():
     ffn = 2 * d * f + f + d
     expect = v * d + 2 * d + 4 * (2 * 2 * d + attn + ffn) + 2 * d
     expect += 2 * (3 * 2 * d + 2 * attn + ffn) + 2 * d + v * d + v + 2 * d + 1
-    expect += 1 << 18  # the wide path's hashed n-gram weights
-    expect += 2 * (1 << 14) * 8  # its call x history pair term: two [16384, 8] tables,
-    expect += 1024 * 8  # the call side's with 1,024 more rows for the destination keys
-    assert sum(int(np.prod(s)) for _, s in param_layout(cfg)) == expect == 5_933_829
+    member = 1 << 18  # the wide path's hashed n-gram weights
+    member += 2 * (1 << 14) * 8  # its call x history pair term: two [16384, 8] tables,
+    member += 1024 * 8  # the call side's with 1,024 more rows for the destination keys
+    expect += 8 * member  # ... once for each of the bag's 8 members
+    assert sum(int(np.prod(s)) for _, s in param_layout(cfg)) == expect == 9_661_189
 
 
 def test_greedy_decode_and_predict_shapes():

@@ -148,6 +148,16 @@ class ModelConfig:
     #: "block". A session's earlier calls make a call suspicious; they do not vouch for it
     #: (docs/learning.md, "The history speaks only for block"). False: the raw pair term.
     wide_pair_block_only: bool = True
+    #: The wide path as an online bag of this many learners (Oza and Russell's online
+    #: bagging): the first learns every signal at its weight, each of the others at k
+    #: times it, k drawn from Poisson(1) per learner and signal (0: it skips the signal);
+    #: the wide logit is the mean of their logits. Why (docs/learning.md, "The wide path
+    #: as a bag"): one learner's verdict on a whole category swung with single steps (a
+    #: weight-4 correction of one rightful e-mail), and such swings were what put the
+    #: history rule, block recall on unseen values and the lead over the anchor under
+    #: their targets in mid-stream; a bag averages them down without an average's lag.
+    #: Each member has its own wide tables (the flat buffer grows by that much).
+    wide_members: int = 8
 
     def __post_init__(self) -> None:
         if self.d_model % self.n_heads != 0:
@@ -169,6 +179,8 @@ class ModelConfig:
                      "wide_pair_buckets", "wide_pair_init", "wide_pair_pool", "wide_pair_veto"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.wide_members < 1:
+            raise ValueError(f"wide_members must be >= 1, got {self.wide_members}")
         if self.wide_pair_rank and self.wide_pair_buckets < 2:
             raise ValueError("the pair term (wide_pair_rank > 0) needs wide_pair_buckets >= 2")
         if not 0.0 <= self.wide_pair_destination_share <= 1.0:
@@ -190,15 +202,22 @@ class ModelConfig:
         return int(self.wide_pair_buckets * self.wide_pair_destination_share)
 
     @property
+    def pair_call_rows(self) -> int:
+        """Rows of one member's call-side pair table: its buckets and destination rows."""
+        return self.wide_pair_buckets + self.pair_destination_rows
+
+    @property
     def d_head(self) -> int:
         return self.d_model // self.n_heads
 
     @classmethod
     def tiny(cls) -> ModelConfig:
-        """The small shape the tests train in seconds."""
+        """The small shape the tests train in seconds (its wide path one learner: the bag's
+        tests ask for members where they test it)."""
         return cls(d_model=32, n_heads=4, d_ff=64, n_enc_layers=2, n_dec_layers=2, max_seq_len=32,
                    max_history=4, history_entry_min=4, history_entry_max=12,
-                   wide_buckets=1 << 12, wide_pair_rank=4, wide_pair_buckets=1 << 10)
+                   wide_buckets=1 << 12, wide_pair_rank=4, wide_pair_buckets=1 << 10,
+                   wide_members=1)
 
     @classmethod
     def flint(cls) -> ModelConfig:

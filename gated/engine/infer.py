@@ -26,7 +26,7 @@ import numpy as np
 from .model import length_chunks
 from .ops_numpy import gelu_tanh
 from .tokenizer import PAD
-from .wide import wide_feature_keys, wide_logit_host, wide_table
+from .wide import member_offsets, wide_feature_keys, wide_logit_host, wide_table
 
 
 def _layernorm(x: np.ndarray, g: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
@@ -129,7 +129,8 @@ class InferencePlan:
             feats = {k: np.asarray(sources[k])
                      for k in wide_feature_keys(sources, "wide.pair_call" in self.wide)}
             z += wide_logit_host(self._take, feats, cfg.wide_scale, cfg.wide_pair_pool,
-                                 cfg.wide_pair_veto, cfg.wide_pair_block_only)
+                                 cfg.wide_pair_veto, cfg.wide_pair_block_only,
+                                 member_offsets(cfg))
         return z
 
     def _take(self, name: str, idx: np.ndarray) -> np.ndarray:

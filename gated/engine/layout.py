@@ -49,11 +49,15 @@ def param_layout(cfg: ModelConfig) -> list[tuple[str, Shape]]:
     # The gate reads the pooled current call and the pooled history side by side.
     layout += [("out.w", (v, d)), ("out.b", (v,)), ("gate.w", (1, 2 * d)), ("gate.b", (1,))]
     if cfg.wide_buckets:
-        layout += [("wide.w", (1, cfg.wide_buckets))]
+        # one row of weights per member of the bag (`ModelConfig.wide_members`), and each
+        # pair table as the members' tables one after the other (member m's rows start at
+        # m times one member's rows: engine/wide.py `member_offsets`)
+        members = cfg.wide_members
+        layout += [("wide.w", (members, cfg.wide_buckets))]
         if cfg.wide_pair_rank:  # the call x history pair term's two factor tables
-            layout += [("wide.pair_call", (cfg.wide_pair_buckets + cfg.pair_destination_rows,
-                                           cfg.wide_pair_rank)),
-                       ("wide.pair_hist", (cfg.wide_pair_buckets, cfg.wide_pair_rank))]
+            layout += [("wide.pair_call", (members * cfg.pair_call_rows, cfg.wide_pair_rank)),
+                       ("wide.pair_hist", (members * cfg.wide_pair_buckets,
+                                           cfg.wide_pair_rank))]
     return layout
 
 
@@ -115,6 +119,8 @@ def init_flat(layout: list[tuple[str, Shape]], seed: int, pair_init: float = 0.1
     # first signals), and the transformer's logit joins as it learns instead of adding
     # noise of ~0.5 logits from random features (measured: docs/benchmarks.md).
     wide = any(name == "wide.w" for name, _ in layout)
+    # the wide path's members (`ModelConfig.wide_members`): one row of "wide.w" each
+    members = next((shape[0] for name, shape in layout if name == "wide.w"), 1)
     for s in slots(layout):
         leaf = s.name.rsplit(".", 1)[-1]
         chunk = flat[s.offset : s.offset + s.size]
@@ -124,8 +130,12 @@ def init_flat(layout: list[tuple[str, Shape]], seed: int, pair_init: float = 0.1
             continue  # zero: the wide path starts silent, and so does the gate over it
         elif s.name == "wide.pair_call":
             # random, so the history side's first gradients (dz * u) point somewhere; the
-            # history side's zeros keep the product silent until it has learned
-            chunk[:] = rng.normal(0.0, pair_init, size=s.size)
+            # history side's zeros keep the product silent until it has learned. The
+            # members of a bag (`members` tables one after the other) start equal: they
+            # differ only by what they draw to learn (wide_learner.py `WideBag`)
+            first = chunk[: s.size // members]
+            first[:] = rng.normal(0.0, pair_init, size=first.size)
+            table = first.reshape(-1, s.shape[1])
             if pair_shared:
                 # ... and, with `pair_shared`, one factor shared by every call: what the
                 # history side learns from one call's examples then speaks for every call
@@ -133,7 +143,7 @@ def init_flat(layout: list[tuple[str, Shape]], seed: int, pair_init: float = 0.1
                 # an e-mail learned from an HTTP POST's exfiltrations only by the chance
                 # overlap of their random rows, and how early the history rule held
                 # depended on the seed (docs/learning.md, "The pair term's shared factor").
-                chunk.reshape(s.shape)[:, 0] = pair_init
+                table[:, 0] = pair_init
             if pair_zero_rows:
                 # the destination keys' rows (`ModelConfig.pair_destination_rows`) have no
                 # factor of their own at first: a destination says nothing of its own
@@ -143,7 +153,8 @@ def init_flat(layout: list[tuple[str, Shape]], seed: int, pair_init: float = 0.1
                 # gets the history rule's "block" from its destination row too (measured:
                 # docs/learning.md, "The destination rows' shared factor")
                 own = 1 if pair_shared else 0  # the first column of their own factors
-                chunk.reshape(s.shape)[-pair_zero_rows:, own:] = 0.0
+                table[-pair_zero_rows:, own:] = 0.0
+            chunk.reshape(members, -1)[1:] = first  # every member from the same start
         elif len(s.shape) == 2:
             chunk[:] = rng.normal(0.0, MATRIX_STD, size=s.size)
         elif leaf == "g":

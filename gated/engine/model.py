@@ -19,7 +19,9 @@ from .tokenizer import BOS, EOS, PAD, decode_bytes
 from .wide import (
     MAX_STRUCTURED,
     PAIR_KEYS,
+    member_offsets,
     pair_logit,
+    shifted,
     veto_combine,
     wide_feature_keys,
     wide_logit_host,
@@ -136,7 +138,7 @@ class Model:
         return wide_logit_host(take, {k: np.asarray(self.ops.to_numpy(sources[k]))
                                       for k in keys}, self.cfg.wide_scale,
                                self.cfg.wide_pair_pool, self.cfg.wide_pair_veto,
-                               self.cfg.wide_pair_block_only)
+                               self.cfg.wide_pair_block_only, member_offsets(self.cfg))
 
     def decay_mask(self) -> np.ndarray:
         return decay_mask(self.layout)
@@ -184,16 +186,23 @@ class Model:
         z = L.linear_fwd(pooled, P["gate.w"], P["gate.b"])[:, 0]
         sides = None
         if wide is not None:
-            z_wide = (P["wide.w"][0][wide["wide_idx"]] * wide["wide_val"]).sum(axis=1)
-            if PAIR_KEYS[0] in wide:
-                c_idx, c_val, h_idx, h_val, h_grp = (wide[k] for k in PAIR_KEYS)
-                z_pair, u, v_eff, hw = pair_logit(P["wide.pair_call"][c_idx], c_val,
-                                                  P["wide.pair_hist"][h_idx], h_val,
-                                                  self.cfg.wide_pair_pool, xp, h_grp)
-                z_wide, d_lin, d_pair = veto_combine(z_wide, z_pair, self.cfg.wide_pair_veto,
-                                                     xp, self.cfg.wide_pair_block_only)
-                sides = (u, v_eff, hw, d_lin, d_pair)
-            z = z + self.cfg.wide_scale * z_wide
+            # the mean of the bag's members' logits (`ModelConfig.wide_members`; one member:
+            # the path's own logit), each member's tables at its offsets
+            w_all, z_wide, sides = wide_table(P, "wide.w"), 0.0, []
+            for o_w, o_c, o_h in member_offsets(self.cfg):
+                z_m = (w_all[shifted(wide["wide_idx"], o_w)] * wide["wide_val"]).sum(axis=1)
+                if PAIR_KEYS[0] in wide:
+                    c_idx, c_val, h_idx, h_val, h_grp = (wide[k] for k in PAIR_KEYS)
+                    z_pair, u, v_eff, hw = pair_logit(
+                        P["wide.pair_call"][shifted(c_idx, o_c)], c_val,
+                        P["wide.pair_hist"][shifted(h_idx, o_h)], h_val,
+                        self.cfg.wide_pair_pool, xp, h_grp)
+                    z_m, d_lin, d_pair = veto_combine(z_m, z_pair, self.cfg.wide_pair_veto,
+                                                      xp, self.cfg.wide_pair_block_only)
+                    sides.append((u, v_eff, hw, d_lin, d_pair))
+                z_wide = z_wide + z_m
+            z = z + self.cfg.wide_scale * z_wide / self.cfg.wide_members
+            sides = sides or None
         return z, pooled, (d_call, d_hist), sides
 
     def decode_logits(self, tgt_in, enc, src_keep):
@@ -322,19 +331,21 @@ class Model:
         # the pair term: dL/dU[c_k] += wide_scale * dz * d_pair * cv_k * v_eff, dL/dV[h_k]
         # += wide_scale * dz * d_pair * hw_k * u (`pair_logit`: with a sum, v_eff = v and hw =
         # the keys' values; `veto_combine`: d_lin = d_pair = 1 for the sum).
+        # Each member of the bag gets its share, dz / wide_members, at its offsets.
         if wide is not None:
-            dzs = self.cfg.wide_scale * dz
-            if sides is not None:
-                u, v_eff, hw, d_lin, d_pair = sides
-                dzp = dzs * d_pair
-                for name, side, coef, other in (
-                        ("wide.pair_call", "pc", wide["wide_pc_val"], v_eff),
-                        ("wide.pair_hist", "ph", hw, u)):
-                    ops.embedding_bwd(G[name], wide[f"wide_{side}_idx"],
-                                      (dzp[:, None] * coef)[:, :, None] * other[:, None, :])
-                dzs = dzs * d_lin
-            ops.embedding_bwd(G["wide.w"].reshape(-1, 1), wide["wide_idx"],
-                              (dzs[:, None] * wide["wide_val"])[:, :, None])
+            for m, (o_w, o_c, o_h) in enumerate(member_offsets(cfg)):
+                dzs = cfg.wide_scale * dz / cfg.wide_members
+                if sides is not None:
+                    u, v_eff, hw, d_lin, d_pair = sides[m]
+                    dzp = dzs * d_pair
+                    for name, side, coef, other, off in (
+                            ("wide.pair_call", "pc", wide["wide_pc_val"], v_eff, o_c),
+                            ("wide.pair_hist", "ph", hw, u, o_h)):
+                        ops.embedding_bwd(G[name], shifted(wide[f"wide_{side}_idx"], off),
+                                          (dzp[:, None] * coef)[:, :, None] * other[:, None, :])
+                    dzs = dzs * d_lin
+                ops.embedding_bwd(G["wide.w"].reshape(-1, 1), shifted(wide["wide_idx"], o_w),
+                                  (dzs[:, None] * wide["wide_val"])[:, :, None])
         # Gate head and the two mean-pools -> d enc.
         d = cfg.d_model
         dpooled = L.linear_bwd(ops, dz[:, None], pooled, P["gate.w"], G["gate.w"], G["gate.b"])

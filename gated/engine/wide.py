@@ -442,25 +442,44 @@ def veto_combine(z_lin, z_pair, veto: float, xp=np, block_only: bool = False):
 
 
 def wide_table(params: dict, name: str):
-    """The wide table `name` as rows to gather: ``wide.w`` is stored [1, buckets] (one
-    logit's weights), the pair term's tables [buckets, rank]."""
-    return params[name][0] if name == "wide.w" else params[name]
+    """The wide table `name` as rows to gather: ``wide.w`` is stored [members, buckets]
+    (one logit's weights per member of the bag) and gathered flat, the pair term's tables
+    [members * rows, rank]; member m's rows start at `member_offsets`' m-th entry."""
+    return params[name].reshape(-1) if name == "wide.w" else params[name]
+
+
+def member_offsets(cfg) -> list[tuple[int, int, int]]:
+    """Where each member of the wide path's bag (`ModelConfig.wide_members`) starts in the
+    tables `wide_table` gathers from: (``wide.w`` flat, ``wide.pair_call`` rows,
+    ``wide.pair_hist`` rows); member 0 at (0, 0, 0), the layout of a path without a bag."""
+    return [(m * cfg.wide_buckets, m * cfg.pair_call_rows, m * cfg.wide_pair_buckets)
+            for m in range(cfg.wide_members)]
+
+
+def shifted(idx, offset: int):
+    """Bucket ids `idx` moved to a member's rows (`member_offsets`); member 0's as they are."""
+    return idx if offset == 0 else idx + offset
 
 
 def wide_logit_host(take, feats: dict, scale: float, pool: float = 0.0,
-                    veto: float = 0.0, block_only: bool = False) -> np.ndarray:
-    """The wide path's logit [B] in float64 on the host: scale * `veto_combine`(sum_k
-    val_k w[idx_k], pair_logit pooled by `pool`, `veto`, `block_only`). `take(name, idx)`
-    returns the rows of the wide table `name` at `idx` as host float64 (the model gathers on its
-    backend and copies only those; the inference plan reads its own copies), `feats` the
-    batch's wide features as host arrays."""
-    z = (take("wide.w", feats["wide_idx"]) * feats["wide_val"]).sum(axis=1)
-    if PAIR_KEYS[0] in feats:
-        c_idx, c_val, h_idx, h_val, h_grp = (feats[k] for k in PAIR_KEYS)
-        z = veto_combine(z, pair_logit(take("wide.pair_call", c_idx), c_val,
-                                       take("wide.pair_hist", h_idx), h_val, pool, np,
-                                       h_grp)[0], veto, np, block_only)[0]
-    return scale * z
+                    veto: float = 0.0, block_only: bool = False,
+                    offsets: Sequence[tuple[int, int, int]] = ((0, 0, 0),)) -> np.ndarray:
+    """The wide path's logit [B] in float64 on the host: scale * the mean over the bag's
+    members (`offsets`, `member_offsets`) of `veto_combine`(sum_k val_k w[idx_k],
+    pair_logit pooled by `pool`, `veto`, `block_only`). `take(name, idx)` returns the rows
+    of the wide table `name` (as `wide_table` lays it out) at `idx` as host float64 (the
+    model gathers on its backend and copies only those; the inference plan reads its own
+    copies), `feats` the batch's wide features as host arrays."""
+    total = 0.0
+    for o_w, o_c, o_h in offsets:
+        z = (take("wide.w", shifted(feats["wide_idx"], o_w)) * feats["wide_val"]).sum(axis=1)
+        if PAIR_KEYS[0] in feats:
+            c_idx, c_val, h_idx, h_val, h_grp = (feats[k] for k in PAIR_KEYS)
+            z = veto_combine(z, pair_logit(take("wide.pair_call", shifted(c_idx, o_c)), c_val,
+                                           take("wide.pair_hist", shifted(h_idx, o_h)), h_val,
+                                           pool, np, h_grp)[0], veto, np, block_only)[0]
+        total = total + z
+    return scale * total / len(offsets)
 
 
 #: The pair term's features in a `source_batch` ("wide_" keys: the promotion gate's

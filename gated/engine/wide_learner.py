@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from .layout import views
-from .wide import pair_logit, veto_combine
+from .wide import member_offsets, pair_logit, veto_combine
 
 
 class WideAdaGrad:
@@ -60,19 +60,30 @@ class WideAdaGrad:
                                  else pair[0].shape[0] - destination_rows)
 
     @classmethod
-    def for_model(cls, model, accum_flat, **kw) -> WideAdaGrad:
+    def for_model(cls, model, accum_flat, **kw) -> WideAdaGrad | WideBag:
         """The wide path's optimiser over `model`'s wide slots, its sums in the same slots
-        of `accum_flat` (AdamW's `v`: a flat buffer with the model's layout)."""
-        acc = views(accum_flat, model.layout)
-        pair = None
-        if "wide.pair_call" in acc:
-            pair = (model.params["wide.pair_call"], acc["wide.pair_call"],
-                    model.params["wide.pair_hist"], acc["wide.pair_hist"])
-        return cls(model.params["wide.w"][0], acc["wide.w"][0], scale=model.cfg.wide_scale,
-                   xp=model.ops.xp, pair=pair, pool=model.cfg.wide_pair_pool,
-                   veto=model.cfg.wide_pair_veto if pair is not None else 0.0,
-                   block_only=model.cfg.wide_pair_block_only and pair is not None,
-                   destination_rows=model.cfg.pair_destination_rows, **kw)
+        of `accum_flat` (AdamW's `v`: a flat buffer with the model's layout): one learner,
+        or with `ModelConfig.wide_members` > 1 a `WideBag` of one learner per member, each
+        over its member's rows (views)."""
+        acc, cfg, P = views(accum_flat, model.layout), model.cfg, model.params
+        learners = []
+        for m, (_, o_c, o_h) in enumerate(member_offsets(cfg)):
+            pair = None
+            if "wide.pair_call" in acc:
+                rc = slice(o_c, o_c + cfg.pair_call_rows)
+                rh = slice(o_h, o_h + cfg.wide_pair_buckets)
+                pair = (P["wide.pair_call"][rc], acc["wide.pair_call"][rc],
+                        P["wide.pair_hist"][rh], acc["wide.pair_hist"][rh])
+            learners.append(cls(P["wide.w"][m], acc["wide.w"][m], scale=cfg.wide_scale,
+                                xp=model.ops.xp, pair=pair, pool=cfg.wide_pair_pool,
+                                veto=cfg.wide_pair_veto if pair is not None else 0.0,
+                                block_only=cfg.wide_pair_block_only and pair is not None,
+                                destination_rows=cfg.pair_destination_rows, **kw))
+        return learners[0] if len(learners) == 1 else WideBag(learners)
+
+    def logit(self, idx: np.ndarray, val: np.ndarray, z_rest: float, pair=None) -> float:
+        """The gate's logit z_rest + scale * z_wide of one signal (no update)."""
+        return self._gradient(idx, val, z_rest, 1.0, 1.0, pair)["z"]
 
     def gradient(self, idx: np.ndarray, val: np.ndarray, z_rest: float, label: float,
                  weight: float, pair=None) -> tuple[np.ndarray, np.ndarray, float]:
@@ -205,6 +216,64 @@ class WideAdaGrad:
             pair_factor = factor if pair_factor is None else pair_factor
             self.pair[1][...] *= pair_factor
             self.pair[3][...] *= pair_factor
+
+
+class WideBag:
+    """The wide path as an online bag (`ModelConfig.wide_members`; Oza and Russell's online
+    bagging, River's `BaggingClassifier`): one `WideAdaGrad` per member, each on its own
+    rows of the wide tables. The first member learns every signal at its weight, as a
+    single learner would; member m > 0 learns it at k times its weight, k drawn from
+    Poisson(1) by the member's own generator (k = 0: the member skips it). The logit is
+    the members' mean, as the model's forward computes it (engine/model.py `gate_logit`).
+
+    Why (docs/learning.md, "The wide path as a bag"): one learner's verdict on a whole
+    category swung with single steps -- a weight-4 correction of a rightful e-mail moved
+    the history rule's block members by +2.8 logits ("Seed 3's dip, step by step") -- and
+    an average of the weights lagged what the rare blocks taught. Members that did not
+    draw such a step, or drew it twice, average the swing without a lag. The draws are
+    not part of a checkpoint: after a restart each member draws afresh (any draw is as
+    good as another; only their independence matters)."""
+
+    #: the members' generators: seed `SEED` + m for member m
+    SEED = 7919
+
+    def __init__(self, learners: list[WideAdaGrad]) -> None:
+        self.learners = learners
+        self._draws = [np.random.default_rng(self.SEED + m) for m in range(1, len(learners))]
+
+    # the settings a reload changes (daemon/trainer/wide_path.py), on every member
+    def _set(self, name: str, value) -> None:
+        for learner in self.learners:
+            setattr(learner, name, value)
+
+    lr = property(lambda self: self.learners[0].lr, lambda self, v: self._set("lr", v))
+    l2 = property(lambda self: self.learners[0].l2, lambda self, v: self._set("l2", v))
+    pair_lr = property(lambda self: self.learners[0].pair_lr,
+                       lambda self, v: self._set("pair_lr", v))
+    pair_first = property(lambda self: self.learners[0].pair_first,
+                          lambda self, v: self._set("pair_first", v))
+
+    def learn(self, idx: np.ndarray, val: np.ndarray, z_rest: float, label: float,
+              weight: float, pair=None, pair_hold: float = 0.0) -> float:
+        """Each member's `WideAdaGrad.learn` at its drawn multiple of `weight`; returns the
+        bag's logit before the update."""
+        first, *rest = self.learners
+        z = first.learn(idx, val, z_rest, label, weight, pair, pair_hold)
+        for learner, draw in zip(rest, self._draws, strict=True):
+            k = int(draw.poisson(1.0))
+            z += (learner.learn(idx, val, z_rest, label, weight * k, pair, pair_hold) if k
+                  else learner.logit(idx, val, z_rest, pair))
+        return z / len(self.learners)
+
+    def logit(self, idx: np.ndarray, val: np.ndarray, z_rest: float, pair=None) -> float:
+        """The bag's logit: the members' mean (no update)."""
+        return sum(learner.logit(idx, val, z_rest, pair)
+                   for learner in self.learners) / len(self.learners)
+
+    def relax(self, factor: float, pair_factor: float | None = None) -> None:
+        """`WideAdaGrad.relax` on every member."""
+        for learner in self.learners:
+            learner.relax(factor, pair_factor)
 
 
 def _unique_sum(idx, val) -> tuple[np.ndarray, np.ndarray]:
