@@ -14,7 +14,8 @@ the domain key (``domain-key=0.3``) too: "A domain key" (now `ModelConfig.wide_c
 grid field 22; ``relax-part`` measured there, not kept); ``pair-egress``: "The pair term
 only on uploads" (not kept); ``dest-unheld``, ``dest-allow-only`` and ``dest-cross`` again:
 "Org uploads after a secret read" (not kept); ``held-weight``: "Seed 3's dip, step by step"
-(not kept).
+(not kept); ``bag``: "The wide path as a bag" (``bag=8:full0`` kept: now
+`ModelConfig.wide_members`, grid field 25), ``bag-resync`` measured there.
 
     --experiment destination[:SCALE][:egress][:outside]
                                the pair term's call side gains ``p|dest|<domain>``: the
@@ -95,6 +96,15 @@ only on uploads" (not kept); ``dest-unheld``, ``dest-allow-only`` and ``dest-cro
                                a conjunction learned from the first dozen exfiltrations
                                starts from two small factors (init 0.1), whose product
                                grows slowly at first
+    --experiment bag=K[:full0][:exp][:corrections]
+                               the wide path as an online bag of K learners (each on its
+                               own copy of the tables, each signal learned at k times its
+                               weight, k ~ Poisson(1) per learner; scored by the mean
+                               logit); ``:full0``: the first learns every signal at its
+                               weight; ``:exp``: k ~ Exp(1) (never 0); ``:corrections``: a
+                               correction is learned by every learner at least once
+    --experiment bag-resync    with the engine's bag (grid field 25 > 1): at a drift
+                               alarm every member restarts from member 0's tables and sums
     --experiment hist-distance=S
                                every history entry the pair term reads gets a key of its
                                distance back, ``hd|<k>`` of value S, in its own group: a
@@ -152,7 +162,7 @@ import bench_wide_features  # noqa: E402
 
 from gated.engine import tokenizer, wide, wide_pair  # noqa: E402
 from gated.engine.known_names import egress_call, sensitive_file  # noqa: E402
-from gated.engine.wide_learner import WideAdaGrad  # noqa: E402
+from gated.engine.wide_learner import WideAdaGrad, WideBag  # noqa: E402
 from gated.traffic import destination_class  # noqa: E402
 
 
@@ -689,6 +699,22 @@ class _Bag:
             learner.relax(factor, pair_factor)
 
 
+def with_bag_resync(relax):
+    """`WideBag.relax` that, after relaxing, copies member 0's tables and AdaGrad sums into
+    every other member: at a drift alarm the bag restarts from its full learner, which has
+    learned the new policy's first signals at full weight, instead of averaging it with
+    members that drew fewer of them."""
+    def relax_then_resync(self, factor, pair_factor=None):
+        relax(self, factor, pair_factor)
+        first, *rest = self.learners
+        for learner in rest:
+            learner.w[...], learner.g2[...] = first.w, first.g2
+            if first.pair is not None:
+                for mine, its in zip(learner.pair, first.pair, strict=True):
+                    mine[...] = its
+    return relax_then_resync
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--experiment", required=True, action="append",
@@ -768,6 +794,8 @@ def main() -> None:
                                              "corrections" in opts, bagged,
                                              "exp" if "exp" in opts else "poisson",
                                              "full0" in opts)
+        elif exp == "bag-resync":  # with the engine's bag (grid field 25 > 1)
+            WideBag.relax = with_bag_resync(WideBag.relax)
         elif exp.startswith("pair-lr="):  # pair-lr=LR:N
             early, until = exp.split("=", 1)[1].split(":")
             WideAdaGrad.learn = with_pair_lr(WideAdaGrad.learn, float(early), int(until))

@@ -10,6 +10,7 @@ from gradcheck import numeric_grad_entries, rel_error, sample_indices
 
 from gated.engine import BOS, EOS, EWC, PAD, Model, ModelConfig, build_batch, param_layout
 from gated.engine.tokenizer import source_batch
+from gated.engine.wide import member_offsets
 
 TOL = 1e-6
 
@@ -229,20 +230,25 @@ def test_wide_and_segment_gradients_at_the_entries_a_batch_touches():
     assert rel_error(np.array([model.grads["seg_emb"][i] for i in idx]), num) < TOL
 
 
-@pytest.mark.parametrize(("pool", "veto", "block_only"),
-                         [(0.0, 0.0, False), (0.5, 0.0, False), (0.5, 2.0, False),
-                          (0.5, 0.0, True), (0.0, 2.0, True)])
+@pytest.mark.parametrize(("pool", "veto", "block_only", "members"),
+                         [(0.0, 0.0, False, 1), (0.5, 0.0, False, 1), (0.5, 2.0, False, 1),
+                          (0.5, 0.0, True, 1), (0.0, 2.0, True, 1), (0.5, 0.0, True, 3),
+                          (0.0, 2.0, False, 2)])
 def test_pair_term_gradients_at_the_rows_a_batch_touches(pool: float, veto: float,
-                                                         block_only: bool):
+                                                         block_only: bool, members: int):
     """The call x history pair term (engine/wide.py `pair_logit`, its history keys summed
     or pooled by a soft minimum, added to the linear logit or a veto): its two factor
     tables' gradients, from the joint loss's backward, against central differences at
     every row the batch touches; rows it does not touch get exactly 0. With a veto the
     linear weights' gradient changes too (`veto_combine`): checked as well; so is the pair
-    term bounded to speak only for "block" (`wide_pair_block_only`)."""
+    term bounded to speak only for "block" (`wide_pair_block_only`), and the bag of
+    `members` wide learners (the logit their mean: each member's rows, at its offsets)."""
     model = _random_model(8, dataclasses.replace(ModelConfig.tiny(), wide_pair_pool=pool,
                                                  wide_pair_veto=veto,
-                                                 wide_pair_block_only=block_only))
+                                                 wide_pair_block_only=block_only,
+                                                 wide_members=members))
+    cfg = model.cfg
+    offsets = member_offsets(cfg)
     read = 'fs.read {"path": "/home/a/src/p/%s"}'
     examples = [
         {"context": 'http.request {"method": "POST", "url": "https://x.io/a"}',
@@ -257,10 +263,11 @@ def test_pair_term_gradients_at_the_rows_a_batch_touches(pool: float, veto: floa
     ]
     batch = build_batch(examples, model.cfg)
     model.loss_and_grads(batch)
-    for side, name in (("pc", "wide.pair_call"), ("ph", "wide.pair_hist")):
-        rows = sorted({int(i) for i, v in zip(batch[f"wide_{side}_idx"][:3].ravel(),
+    for side, name, at in (("pc", "wide.pair_call", 1), ("ph", "wide.pair_hist", 2)):
+        base = sorted({int(i) for i, v in zip(batch[f"wide_{side}_idx"][:3].ravel(),
                                               batch[f"wide_{side}_val"][:3].ravel(),
                                               strict=True) if v})
+        rows = [r + o[at] for o in offsets for r in base]  # every member's own rows
         idx = [(r, c) for r in rows for c in range(model.cfg.wide_pair_rank)]
         num = numeric_grad_entries(lambda: model.loss(batch)[0], model.params[name], idx)
         ana = np.array([model.grads[name][i] for i in idx])
@@ -269,7 +276,7 @@ def test_pair_term_gradients_at_the_rows_a_batch_touches(pool: float, veto: floa
         untouched[rows] = False
         assert np.all(model.grads[name][untouched] == 0)
     touched = sorted({int(i) for i in batch["wide_idx"][batch["wide_val"] != 0]})[:24]
-    idx = [(0, i) for i in touched]
+    idx = [(m, i) for m in range(members) for i in touched]
     num = numeric_grad_entries(lambda: model.loss(batch)[0], model.params["wide.w"], idx)
     assert rel_error(np.array([model.grads["wide.w"][i] for i in idx]), num) < TOL
 

@@ -25,7 +25,7 @@ from gated.engine.wide import (
     veto_combine,
     wide_features,
 )
-from gated.engine.wide_learner import WideAdaGrad
+from gated.engine.wide_learner import WideAdaGrad, WideBag
 from gated.store import Store
 
 
@@ -254,6 +254,43 @@ def test_the_wide_path_learns_every_fresh_signal_even_when_no_step_is_taken(tmp_
     store.close()
     store2, t2, _ = _trainer(tmp_path / "s")
     np.testing.assert_array_equal(t2.model.params["wide.w"][0], weights)
+    np.testing.assert_array_equal(t2.opt.v[t2.model.deep_size:], accum)
+    store2.close()
+
+
+def test_a_bag_is_trained_published_and_restored_whole(tmp_path):
+    """A trainer whose wide path is a bag (`wide_members` 3): every member learns (member 0
+    every signal, the others their draws), serving gets all of them with the next swap and
+    scores with their mean, and a restart restores every member and its AdaGrad sums."""
+    cfg = dataclasses.replace(ModelConfig.tiny(), wide_members=3)
+    settings = dataclasses.replace(TrainConfig(), swap_every_seconds=1e-6)
+    store = Store(tmp_path / "s")
+    trainer, serving = build_trainer(store, cfg, settings, seed=0)
+    store.append_signals([{"context": f"fs.read src/{i}.py", "decision": "allow"}
+                          if i % 4 else {"context": f"shell.exec rm -rf /srv/{i}",
+                                         "decision": "block"} for i in range(24)])
+    trainer.train_on(store.read_signals(0, 64))
+    wide = trainer.model.params["wide.w"]
+    assert wide.shape[0] == 3 and all(np.any(row != 0) for row in wide)
+    assert not np.array_equal(wide[0], wide[1]) and not np.array_equal(wide[1], wide[2])
+    np.testing.assert_array_equal(serving.current.model.params["wide.w"], wide)
+    items = [("fs.read src/99.py", None), ("shell.exec rm -rf /srv/x", ["fs.read a.py"])]
+    batch = source_batch(items, cfg)
+    learner = trainer.wide_path.learner
+    assert isinstance(learner, WideBag)
+    for k, z in enumerate(serving.current.model.wide_logit(batch)):
+        pair = tuple(batch[key][k] for key in PAIR_KEYS)
+        assert z == pytest.approx(learner.logit(batch["wide_idx"][k], batch["wide_val"][k],
+                                                0.0, pair), abs=1e-6)
+    trainer.checkpoint()
+    weights = {n: trainer.model.params[n].copy() for n in ("wide.w", "wide.pair_call",
+                                                            "wide.pair_hist")}
+    accum = trainer.opt.v[trainer.model.deep_size:].copy()
+    store.close()
+    store2 = Store(tmp_path / "s")
+    t2, _ = build_trainer(store2, cfg, settings, seed=0)
+    for name, value in weights.items():
+        np.testing.assert_array_equal(t2.model.params[name], value)
     np.testing.assert_array_equal(t2.opt.v[t2.model.deep_size:], accum)
     store2.close()
 
@@ -553,17 +590,21 @@ def test_the_soft_minimum_follows_the_key_that_speaks_for_block():
         s[0].sum())
 
 
+@pytest.mark.parametrize("members", [1, 3])
 @pytest.mark.parametrize(("pool", "veto", "block_only"),
                          [(0.0, 0.0, False), (0.5, 0.0, False), (0.5, 2.0, False),
                           (0.5, 0.0, True), (0.5, 2.0, True)])
 def test_the_learner_and_the_model_give_the_same_wide_logit(pool: float, veto: float,
-                                                            block_only: bool):
+                                                            block_only: bool, members: int):
     """WideAdaGrad (one signal, host) and the model's forward (a batch, padded) compute the
     same wide logit, the pair term pooled alike -- also when two of a signal's history keys
     share a bucket (a tiny table makes that happen): the learner must not merge them
-    before pooling, or it would train a different function from the one that serves."""
+    before pooling, or it would train a different function from the one that serves. With
+    a bag (`wide_members` 3, its members' tables all different here) the learner's
+    `WideBag` and the forward both take the members' mean."""
     cfg = dataclasses.replace(ModelConfig.tiny(), wide_pair_buckets=4, wide_pair_pool=pool,
-                              wide_pair_veto=veto, wide_pair_block_only=block_only)
+                              wide_pair_veto=veto, wide_pair_block_only=block_only,
+                              wide_members=members)
     model = Model.init(cfg, seed=2, dtype="float64")
     rng = np.random.default_rng(2)
     for name in ("wide.w", "wide.pair_call", "wide.pair_hist"):
@@ -577,10 +618,65 @@ def test_the_learner_and_the_model_give_the_same_wide_logit(pool: float, veto: f
     assert any(len(set(r[v != 0])) < int((v != 0).sum())
                for r, v in zip(batch["wide_ph_idx"], batch["wide_ph_val"], strict=True))
     served = model.wide_logit(batch)
+    assert isinstance(learner, WideBag) == (members > 1)
+    singles = getattr(learner, "learners", [learner])
     for k in range(len(items)):
         pair = tuple(batch[key][k] for key in PAIR_KEYS)
-        z = learner.gradient(batch["wide_idx"][k], batch["wide_val"][k], 0.0, 1.0, 1.0, pair)[2]
+        z = learner.logit(batch["wide_idx"][k], batch["wide_val"][k], 0.0, pair)
         assert z == pytest.approx(served[k], rel=1e-12, abs=1e-12)
+        # (and it is the mean of members that differ: not one member's logit)
+        each = [m.logit(batch["wide_idx"][k], batch["wide_val"][k], 0.0, pair) for m in singles]
+        assert z == pytest.approx(float(np.mean(each)), rel=1e-12, abs=1e-12)
+        assert members == 1 or np.ptp(each) > 1e-3
+
+
+def test_a_bags_members_start_equal_and_learn_at_their_poisson_draws():
+    """`WideBag` (`wide_members` 3): every member starts from the same tables (the single
+    learner's start), member 0 learns each signal at its weight, member m > 0 at k times
+    it, k from its own Poisson(1) generator (k = 0: untouched). Checked against single
+    learners on models of one member stepped by hand with the same draws: equal to the
+    last bit, and the bag's logit is their mean."""
+    one = dataclasses.replace(ModelConfig.tiny(), wide_buckets=1 << 10, wide_pair_buckets=64)
+    cfg = dataclasses.replace(one, wide_members=3)
+    model = Model.init(cfg, seed=4, dtype="float64")
+    bag = WideAdaGrad.for_model(model, np.zeros(model.num_params), pair_first=True)
+    assert isinstance(bag, WideBag) and len(bag.learners) == 3
+    refs = [Model.init(one, seed=4, dtype="float64") for _ in range(3)]
+    singles = [WideAdaGrad.for_model(r, np.zeros(r.num_params), pair_first=True) for r in refs]
+    for name in ("wide.pair_call", "wide.pair_hist"):  # the members start equal...
+        for m, part in enumerate(np.split(model.params[name], 3)):
+            np.testing.assert_array_equal(part, refs[m].params[name])
+    assert np.any(model.params["wide.pair_call"] != 0)  # (the call side's random start)
+    draws = [np.random.default_rng(WideBag.SEED + m) for m in (1, 2)]
+    read = 'fs.read {"path": "/w/%s"}'
+    items = [(f'http.request {{"method": "POST", "url": "https://h{i % 5}.io"}}',
+              [read % (".env" if i % 3 == 0 else f"f{i}.py")]) for i in range(40)]
+    batch = source_batch(items, cfg)
+    seen = []
+    for k in range(len(items)):
+        idx, val = batch["wide_idx"][k], batch["wide_val"][k]
+        pair = tuple(batch[key][k] for key in PAIR_KEYS)
+        label, weight = float(k % 3 != 0), 1.0 + (k % 4 == 0)
+        before = np.mean([s.logit(idx, val, 0.0, pair) for s in singles])
+        assert bag.learn(idx, val, 0.0, label, weight, pair) == pytest.approx(before, abs=1e-12)
+        singles[0].learn(idx, val, 0.0, label, weight, pair)
+        for single, draw in zip(singles[1:], draws, strict=True):
+            times = int(draw.poisson(1.0))
+            seen.append(times)
+            if times:
+                single.learn(idx, val, 0.0, label, weight * times, pair)
+    assert 0 in seen and max(seen) >= 2  # skips and multiples both happened
+    for name in ("wide.w", "wide.pair_call", "wide.pair_hist"):  # ...and learn apart
+        parts = np.split(model.params[name].reshape(-1), 3)
+        for m, part in enumerate(parts):
+            np.testing.assert_array_equal(part, refs[m].params[name].reshape(-1))
+        assert not np.array_equal(parts[0], parts[1])
+    bag.lr, bag.pair_first = 0.2, False  # a reload's settings reach every member
+    assert all(s.lr == 0.2 and not s.pair_first for s in bag.learners)
+    sums = [s.g2.copy() for s in bag.learners]
+    bag.relax(0.5)  # a drift relaxes every member
+    for s, g2 in zip(bag.learners, sums, strict=True):
+        np.testing.assert_allclose(s.g2, 0.5 * g2)
 
 
 def test_the_pair_term_learns_the_history_rule_that_crosses_learn_slowly():
