@@ -199,8 +199,8 @@ def test_flint_parameter_count():
     member = 1 << 18  # the wide path's hashed n-gram weights
     member += 2 * (1 << 14) * 8  # its call x history pair term: two [16384, 8] tables,
     member += 1024 * 8  # the call side's with 1,024 more rows for the destination keys
-    expect += 8 * member  # ... once for each of the bag's 8 members
-    assert sum(int(np.prod(s)) for _, s in param_layout(cfg)) == expect == 9_661_189
+    expect += 4 * member  # ... once for each of the bag's 4 members
+    assert sum(int(np.prod(s)) for _, s in param_layout(cfg)) == expect == 7_531_269
 
 
 def test_greedy_decode_and_predict_shapes():

@@ -156,8 +156,10 @@ class ModelConfig:
     #: weight-4 correction of one rightful e-mail), and such swings were what put the
     #: history rule, block recall on unseen values and the lead over the anchor under
     #: their targets in mid-stream; a bag averages them down without an average's lag.
-    #: Each member has its own wide tables (the flat buffer grows by that much).
-    wide_members: int = 8
+    #: Each member has its own wide tables (the flat buffer grows by that much): 4, not
+    #: the 8 that learned a little better in the harness, because flint's 8-member
+    #: snapshot (38.6 MB) took up to 1.18 s to reach a cluster's edges (goal 1 s); 4: 30 MB.
+    wide_members: int = 4
 
     def __post_init__(self) -> None:
         if self.d_model % self.n_heads != 0:
