@@ -14,8 +14,8 @@ the domain key (``domain-key=0.3``) too: "A domain key" (now `ModelConfig.wide_c
 grid field 22; ``relax-part`` measured there, not kept); ``pair-egress``: "The pair term
 only on uploads" (not kept); ``dest-unheld``, ``dest-allow-only`` and ``dest-cross`` again:
 "Org uploads after a secret read" (not kept); ``held-weight``: "Seed 3's dip, step by step"
-(not kept); ``bag``: "The wide path as a bag" (``bag=8:full0`` kept: now
-`ModelConfig.wide_members`, grid field 25), ``bag-resync`` measured there.
+(not kept); ``bag-draw`` and ``bag-resync``: "The wide path as a bag" (the engine's
+draws, `ModelConfig.wide_members` with grid field 25, kept).
 
     --experiment destination[:SCALE][:egress][:outside]
                                the pair term's call side gains ``p|dest|<domain>``: the
@@ -96,13 +96,13 @@ only on uploads" (not kept); ``dest-unheld``, ``dest-allow-only`` and ``dest-cro
                                a conjunction learned from the first dozen exfiltrations
                                starts from two small factors (init 0.1), whose product
                                grows slowly at first
-    --experiment bag=K[:full0][:exp][:corrections]
-                               the wide path as an online bag of K learners (each on its
-                               own copy of the tables, each signal learned at k times its
-                               weight, k ~ Poisson(1) per learner; scored by the mean
-                               logit); ``:full0``: the first learns every signal at its
-                               weight; ``:exp``: k ~ Exp(1) (never 0); ``:corrections``: a
-                               correction is learned by every learner at least once
+    --experiment bag-draw=poisson|exp[:full0][:corrections]
+                               with the engine's bag of K learners (grid field 25 = K):
+                               every member learns each signal at k times its weight, k ~
+                               Poisson(1) or Exp(1) (never 0) per member (the engine:
+                               member 0 once, the others Poisson); ``:full0``: member 0
+                               once; ``:corrections``: a correction is learned by every
+                               member at least once
     --experiment bag-resync    with the engine's bag (grid field 25 > 1): at a drift
                                alarm every member restarts from member 0's tables and sums
     --experiment hist-distance=S
@@ -149,7 +149,6 @@ only on uploads" (not kept); ``dest-unheld``, ``dest-allow-only`` and ``dest-cro
 from __future__ import annotations
 
 import argparse
-import copy
 import sys
 from pathlib import Path
 
@@ -637,66 +636,24 @@ def with_pair_lr(learn, early_lr: float, until: int):
     return learn_at_rate
 
 
-def with_bag(for_model, members: int, every_correction: bool, learned: list[int],
-             draw: str = "poisson", full_first: bool = False):
-    """`WideAdaGrad.for_model` returning an online bag (Oza and Russell's online bagging,
-    as River's `BaggingClassifier`): `members` wide learners, each on its own copy of the
-    model's wide slots, each signal learned by each member at weight k times its own, k
-    drawn from Poisson(1) per member (0: that member skips it); scored by the members' mean
-    logit. Why: a single signal's step (a weight-4 correction of a rightful e-mail whose
-    secret read lies out of the rule's window: "Seed 3's dip, step by step") swings the
-    one learner's verdict on a whole category; members that did not draw it, or drew it
-    once, average the swing down without an average's lag (an EMA of the weights lagged
-    what the rare blocks taught). ``every_correction``: a correction (weight > 1) is
-    learned by every member at least once. ``draw`` "exp": the weights are drawn from
-    Exp(1) instead (the Bayesian bootstrap: mean 1 and variance 1 as Poisson(1), never
-    0, so no member skips a rare block outright); ``full_first``: the first member learns
-    every signal at its own weight (the single learner, inside the bag)."""
-    def bag(model, accum_flat, **kw):
-        learners = [for_model(model, accum_flat, **kw)] + [
-            for_model(copy.deepcopy(model), np.zeros_like(accum_flat), **kw)
-            for _ in range(members - 1)]
-        return _Bag(learners, every_correction, learned, draw, full_first)
-    return bag
+def with_bag_draws(draw: str, full_first: bool, every_correction: bool):
+    """`WideBag._times` with other draws than the engine's (member 0 once, the others
+    Poisson(1)): ``draw`` "poisson" or "exp" for every member from generator 7919 + m
+    (Exp(1) is the Bayesian bootstrap: mean and variance 1 as Poisson(1), never 0, so no
+    member skips a rare block outright); ``full_first``: member 0 once, as the engine;
+    ``every_correction``: a correction (weight > 1) is learned by every member at least
+    once. The engine's bag (grid field 25) is what it redraws."""
+    draws: dict[int, list] = {}
 
-
-class _Bag:
-    """The members of `with_bag`, behind `WideAdaGrad`'s verbs the harness calls."""
-
-    def __init__(self, learners: list, every_correction: bool, learned: list[int],
-                 draw: str, full_first: bool) -> None:
-        self.learners, self.every_correction, self.learned = learners, every_correction, learned
-        self.draw, self.full_first = draw, full_first
-        self.rngs = [np.random.default_rng(7919 + j) for j in range(len(learners))]
-        self.g2 = learners[0].g2  # (the harness's --drift-cap reads it: the first member's)
-
-    def learn(self, idx, val, z_rest, label, weight, pair=None, pair_hold=0.0) -> float:
-        z = []
-        for j, (learner, rng) in enumerate(zip(self.learners, self.rngs, strict=True)):
-            k = float(rng.poisson(1.0) if self.draw == "poisson" else rng.exponential(1.0))
-            if self.full_first and j == 0:
-                k = 1.0
-            if self.every_correction and weight > 1.0:
-                k = max(k, 1.0)
-            if k:
-                self.learned[0] += 1
-                z.append(learner.learn(idx, val, z_rest, label, weight * k, pair, pair_hold))
-            else:
-                z.append(learner.gradient(idx, val, z_rest, label, weight, pair)[2])
-        return float(np.mean(z))
-
-    def gradient(self, idx, val, z_rest, label, weight, pair=None):
-        out = [learner.gradient(idx, val, z_rest, label, weight, pair)
-               for learner in self.learners]
-        return out[0][0], out[0][1], float(np.mean([o[2] for o in out]))
-
-    def logit(self, idx, val, z_rest, pair=None) -> float:
-        return float(np.mean([learner.logit(idx, val, z_rest, pair)
-                              for learner in self.learners]))
-
-    def relax(self, factor: float, pair_factor: float | None = None) -> None:
-        for learner in self.learners:
-            learner.relax(factor, pair_factor)
+    def times(self, weight: float) -> list[float]:
+        rngs = draws.setdefault(id(self), [np.random.default_rng(WideBag.SEED + m)
+                                           for m in range(len(self.learners))])
+        ks = [float(r.poisson(1.0) if draw == "poisson" else r.exponential(1.0))
+              for r in rngs]
+        if full_first:
+            ks[0] = 1.0
+        return [max(k, 1.0) for k in ks] if every_correction and weight > 1.0 else ks
+    return times
 
 
 def with_bag_resync(relax):
@@ -723,7 +680,7 @@ def main() -> None:
     ap.add_argument("rest", nargs=argparse.REMAINDER,
                     help="-- then bench_wide_features.py's arguments")
     a = ap.parse_args()
-    held, views, dest_steps, kept, reweighted, bagged = [0], [0], [0], [0], [0], [0]
+    held, views, dest_steps, kept, reweighted = [0], [0], [0], [0], [0]
     dest_rows: set[int] = set()
     for exp in a.experiment:
         if exp.startswith("destination"):  # destination[:SCALE][:egress][:outside]
@@ -788,12 +745,11 @@ def main() -> None:
             tokenizer.pair_features = with_destination_rows(tokenizer.pair_features,
                                                             dest_rows)
             WideAdaGrad.learn = with_dest_unheld(WideAdaGrad.learn, dest_rows, dest_steps)
-        elif exp.startswith("bag="):  # bag=K[:corrections]
-            k, *opts = exp.split("=", 1)[1].split(":")
-            WideAdaGrad.for_model = with_bag(WideAdaGrad.for_model, int(k),
-                                             "corrections" in opts, bagged,
-                                             "exp" if "exp" in opts else "poisson",
-                                             "full0" in opts)
+        elif exp.startswith("bag-draw="):  # bag-draw=poisson|exp[:full0][:corrections]
+            draw, *opts = exp.split("=", 1)[1].split(":")
+            if draw not in ("poisson", "exp"):
+                ap.error(f"bag-draw=poisson or exp, not {draw!r}")
+            WideBag._times = with_bag_draws(draw, "full0" in opts, "corrections" in opts)
         elif exp == "bag-resync":  # with the engine's bag (grid field 25 > 1)
             WideBag.relax = with_bag_resync(WideBag.relax)
         elif exp.startswith("pair-lr="):  # pair-lr=LR:N
@@ -824,8 +780,6 @@ def main() -> None:
         print(f"shared-view steps: {views[0]}")
     if dest_steps[0]:
         print(f"held allows that stepped their destination's row: {dest_steps[0]}")
-    if bagged[0]:
-        print(f"member steps of the bag: {bagged[0]}")
     if kept[0]:
         print(f"blocks that left their destination's row as it was: {kept[0]}")
 

@@ -253,14 +253,18 @@ class WideBag:
     pair_first = property(lambda self: self.learners[0].pair_first,
                           lambda self, v: self._set("pair_first", v))
 
+    def _times(self, weight: float) -> list[float]:
+        """How many times each member learns a signal of `weight`: member 0 once, member
+        m > 0 a Poisson(1) draw of its own generator (bench_wide_experiments.py replaces
+        this to measure other draws)."""
+        return [1.0] + [float(draw.poisson(1.0)) for draw in self._draws]
+
     def learn(self, idx: np.ndarray, val: np.ndarray, z_rest: float, label: float,
               weight: float, pair=None, pair_hold: float = 0.0) -> float:
         """Each member's `WideAdaGrad.learn` at its drawn multiple of `weight`; returns the
         bag's logit before the update."""
-        first, *rest = self.learners
-        z = first.learn(idx, val, z_rest, label, weight, pair, pair_hold)
-        for learner, draw in zip(rest, self._draws, strict=True):
-            k = int(draw.poisson(1.0))
+        z = 0.0
+        for learner, k in zip(self.learners, self._times(weight), strict=True):
             z += (learner.learn(idx, val, z_rest, label, weight * k, pair, pair_hold) if k
                   else learner.logit(idx, val, z_rest, pair))
         return z / len(self.learners)
