@@ -105,6 +105,12 @@ draws, `ModelConfig.wide_members` with grid field 25, kept).
                                member at least once
     --experiment bag-resync    with the engine's bag (grid field 25 > 1): at a drift
                                alarm every member restarts from member 0's tables and sums
+    --experiment bag-repeat    with the engine's bag (grid field 25 > 1): a member that
+                               draws k learns the signal k times at its weight (Oza and
+                               Russell's "update k times") instead of once at k times it:
+                               AdaGrad's sums then grow by k g^2 (E = 1 a signal, as
+                               member 0's) instead of k^2 g^2 (E[k^2] = 2 for Poisson(1)),
+                               so the drawn members do not step ~1/sqrt(2) as far
     --experiment hist-distance=S
                                every history entry the pair term reads gets a key of its
                                distance back, ``hd|<k>`` of value S, in its own group: a
@@ -672,6 +678,17 @@ def with_bag_resync(relax):
     return relax_then_resync
 
 
+def bag_learn_repeated(self, idx, val, z_rest, label, weight, pair=None, pair_hold=0.0):
+    """`WideBag.learn` where a member that draws k learns the signal k times at its weight
+    (an integer k: Poisson draws) instead of once at k times it."""
+    z = 0.0
+    for learner, k in zip(self.learners, self._times(weight), strict=True):
+        z += learner.logit(idx, val, z_rest, pair)
+        for _ in range(int(round(k))):
+            learner.learn(idx, val, z_rest, label, weight, pair, pair_hold)
+    return z / len(self.learners)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--experiment", required=True, action="append",
@@ -752,6 +769,8 @@ def main() -> None:
             WideBag._times = with_bag_draws(draw, "full0" in opts, "corrections" in opts)
         elif exp == "bag-resync":  # with the engine's bag (grid field 25 > 1)
             WideBag.relax = with_bag_resync(WideBag.relax)
+        elif exp == "bag-repeat":  # with the engine's bag (grid field 25 > 1)
+            WideBag.learn = bag_learn_repeated
         elif exp.startswith("pair-lr="):  # pair-lr=LR:N
             early, until = exp.split("=", 1)[1].split(":")
             WideAdaGrad.learn = with_pair_lr(WideAdaGrad.learn, float(early), int(until))
@@ -761,7 +780,8 @@ def main() -> None:
                      "domain-key=S[:tool][:only], relax-part=R:PART, "
                      "allow-hold=H, held-weight=W, shared-view=P[:words][:history], "
                      "adagrad-init=G0[:pair], "
-                     "ngram-scale=S, ema=D, pair-lr=LR:N, dest-secret, dest-unheld or "
+                     "ngram-scale=S, ema=D, pair-lr=LR:N, bag-draw=..., bag-resync, "
+                     "bag-repeat, dest-secret, dest-unheld or "
                      "dest-allow-only[:looks][:zero][:warm=N][:org][:secret]")
     rest = a.rest[1:] if a.rest[:1] == ["--"] else a.rest
     pair_hold = float(rest[rest.index("--pair-hold") + 1]) if "--pair-hold" in rest else 0.0

@@ -98,7 +98,12 @@ read in the window -- and their allow twins apart).
         --switch-at 4000 --every 500 --init-seed -1 --second-look 200 --pair-hold 3 \
         --drift-relax 1 \
         --grid 0.3,0.3,1e-3,8,0.1,0.5,1,0.5,0.1,0,-1,1,4,1,1,2,1,0.5,1,1,1,0.3,0.0625,1,4
-        # the wide path as a bag of 4 (kept: today's defaults; 8 learned a little more)
+        # the wide path as a bag of 4 (kept; 8 learned a little more)
+    .venv/bin/python bench/bench_wide_features.py --seeds 0 1 2 3 4 5 --signals 10000 \
+        --switch-at 4000 --every 500 --init-seed -1 --second-look 200 --pair-hold 3 \
+        --drift-relax 1 --drift-bag-all 500 \
+        --grid 0.3,0.3,1e-3,8,0.1,0.5,1,0.5,0.1,0,-1,1,4,1,1,2,1,0.5,1,1,1,0.3,0.0625,1,4
+        # every member learns after a drift alarm (kept: today's defaults)
 """
 
 from __future__ import annotations
@@ -120,7 +125,7 @@ from gated.engine.config import ModelConfig  # noqa: E402
 from gated.engine.model import Model  # noqa: E402
 from gated.engine.tokenizer import source_batch  # noqa: E402
 from gated.engine.wide import PAIR_KEYS  # noqa: E402
-from gated.engine.wide_learner import WideAdaGrad  # noqa: E402
+from gated.engine.wide_learner import WideAdaGrad, WideBag  # noqa: E402
 from gated.online.drift import CheckedTest, PageHinkley  # noqa: E402
 from gated.online.monitor import MonitorSettings  # noqa: E402
 from gated.online.second_look import SecondLook  # noqa: E402
@@ -162,7 +167,7 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
            destination: float = 0.0, domains: float = 0.0,
            destination_share: float = 0.0, sensitive_places: bool = False,
            drift_withdraw_below: float | None = None, drift_waits: int | None = None,
-           members: int = 1) -> dict:
+           members: int = 1, drift_bag_all: int = 0) -> dict:
     """One setting's run; `lag` > 1 scores each signal with weights that have not yet
     learned the previous `lag` - 1 (updates applied in groups of `lag`), as the daemon's
     trainer scores a step's arrivals with the weights published before them. `pair_rank`
@@ -196,7 +201,9 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
     `destination_share` `ModelConfig.wide_pair_destination_share` (0 here by default, for
     the same reason), `sensitive_places` `ModelConfig.wide_sensitive_places` (off here by
     default, for the same reason), `members` `ModelConfig.wide_members` (1 here by
-    default, for the same reason)."""
+    default, for the same reason), `drift_bag_all` `train.drift_wide_bag_all` (the bag's
+    members all learn that many examples after an alarm; 0 here by default, for the same
+    reason)."""
     cfg = dataclasses.replace(ModelConfig.preset("flint"), wide_call_words=words,
                               wide_history_cross=cross, wide_pair_rank=pair_rank,
                               wide_pair_pool=pool, wide_call_shapes=shapes,
@@ -276,6 +283,8 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
                 if began is not None:  # the trainer's on_drift, for the wide path
                     look.forget_before(began)
                     wide.relax(drift_relax, None if drift_relax_pair < 0 else drift_relax_pair)
+                    if isinstance(wide, WideBag):
+                        wide.learn_all_for(drift_bag_all)
                     for learner in getattr(wide, "learners", [wide]) if drift_cap > 0 else []:
                         np.minimum(learner.g2, drift_cap, out=learner.g2)
                     drifts.append((i, began, None))
@@ -365,6 +374,10 @@ def main() -> None:
     ap.add_argument("--drift-waits", type=int, default=None,
                     help="the recheck's waits in all (train.drift_confirm_waits; default: "
                          "the daemon's)")
+    ap.add_argument("--drift-bag-all", type=int, default=0,
+                    help="with a bag (grid field 25 > 1): every member learns this many "
+                         "examples after an alarm (train.drift_wide_bag_all; 0: the draws "
+                         "as always, as before it)")
     ap.add_argument("--drift-cap", type=float, default=0.0,
                     help="at an alarm also cap the linear weights' AdaGrad sums at this "
                          "(0: no cap)")
@@ -399,7 +412,7 @@ def main() -> None:
                        seed if a.init_seed < 0 else a.init_seed, a.second_look, a.pair_hold,
                        a.drift_relax, a.drift_relax_pair, a.drift_cap, dest, domains,
                        dest_share, bool(mark_places), a.drift_withdraw_below,
-                       a.drift_waits, int(members))
+                       a.drift_waits, int(members), a.drift_bag_all)
             p0, p1 = (r["at"][p] for p in points)
 
             def pair(k: str, p0=p0, p1=p1) -> str:

@@ -295,6 +295,24 @@ def test_a_bag_is_trained_published_and_restored_whole(tmp_path):
     store2.close()
 
 
+def test_a_drift_alarm_has_every_member_of_a_bag_learn(tmp_path):
+    """On a drift alarm the trainer gives its bag `train.drift_wide_bag_all` examples that
+    every member learns (default 500); the setting is hot: a reload changes what the next
+    alarm gives, and 0 leaves the draws as always."""
+    cfg = dataclasses.replace(ModelConfig.tiny(), wide_members=3)
+    store = Store(tmp_path / "s")
+    trainer, _ = build_trainer(store, cfg, TrainConfig(), seed=0)
+    bag = trainer.wide_path.learner
+    assert isinstance(bag, WideBag) and bag.all_learn_left == 0
+    trainer._on_drift(1, 1)
+    assert bag.all_learn_left == TrainConfig().drift_wide_bag_all == 500
+    bag.learn_all_for(0)
+    trainer.apply_settings(dataclasses.replace(trainer.settings, drift_wide_bag_all=0))
+    trainer._on_drift(2, 2)
+    assert bag.all_learn_left == 0
+    store.close()
+
+
 def test_the_wide_paths_hot_settings_reach_its_learner(tmp_path):
     """Every `wide_*` setting marked hot in config/schema.py takes effect on a reload
     (`wide_pair_lr` was marked hot and never reached the learner)."""
@@ -630,12 +648,15 @@ def test_the_learner_and_the_model_give_the_same_wide_logit(pool: float, veto: f
         assert members == 1 or np.ptp(each) > 1e-3
 
 
-def test_a_bags_members_start_equal_and_learn_at_their_poisson_draws():
+@pytest.mark.parametrize("all_learn", [False, True])
+def test_a_bags_members_start_equal_and_learn_at_their_poisson_draws(all_learn):
     """`WideBag` (`wide_members` 3): every member starts from the same tables (the single
     learner's start), member 0 learns each signal at its weight, member m > 0 at k times
     it, k from its own Poisson(1) generator (k = 0: untouched). Checked against single
     learners on models of one member stepped by hand with the same draws: equal to the
-    last bit, and the bag's logit is their mean."""
+    last bit, and the bag's logit is their mean. With `learn_all_for(10)` at the 15th
+    signal (a drift alarm), a draw of 0 counts as 1 for the next ten, then the draws
+    resume as they were."""
     one = dataclasses.replace(ModelConfig.tiny(), wide_buckets=1 << 10, wide_pair_buckets=64)
     cfg = dataclasses.replace(one, wide_members=3)
     model = Model.init(cfg, seed=4, dtype="float64")
@@ -652,20 +673,26 @@ def test_a_bags_members_start_equal_and_learn_at_their_poisson_draws():
     items = [(f'http.request {{"method": "POST", "url": "https://h{i % 5}.io"}}',
               [read % (".env" if i % 3 == 0 else f"f{i}.py")]) for i in range(40)]
     batch = source_batch(items, cfg)
-    seen = []
+    seen, floored = [], 0
     for k in range(len(items)):
         idx, val = batch["wide_idx"][k], batch["wide_val"][k]
         pair = tuple(batch[key][k] for key in PAIR_KEYS)
         label, weight = float(k % 3 != 0), 1.0 + (k % 4 == 0)
+        if all_learn and k == 15:
+            bag.learn_all_for(10)
         before = np.mean([s.logit(idx, val, 0.0, pair) for s in singles])
         assert bag.learn(idx, val, 0.0, label, weight, pair) == pytest.approx(before, abs=1e-12)
         singles[0].learn(idx, val, 0.0, label, weight, pair)
         for single, draw in zip(singles[1:], draws, strict=True):
             times = int(draw.poisson(1.0))
+            if all_learn and 15 <= k < 25:
+                floored += times == 0
+                times = max(times, 1)
             seen.append(times)
             if times:
                 single.learn(idx, val, 0.0, label, weight * times, pair)
     assert 0 in seen and max(seen) >= 2  # skips and multiples both happened
+    assert bag.all_learn_left == 0 and (floored > 0) == all_learn  # the floor mattered
     for name in ("wide.w", "wide.pair_call", "wide.pair_hist"):  # ...and learn apart
         parts = np.split(model.params[name].reshape(-1), 3)
         for m, part in enumerate(parts):

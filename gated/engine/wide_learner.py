@@ -240,6 +240,8 @@ class WideBag:
     def __init__(self, learners: list[WideAdaGrad]) -> None:
         self.learners = learners
         self._draws = [np.random.default_rng(self.SEED + m) for m in range(1, len(learners))]
+        #: examples left that every member learns at least once (`learn_all_for`)
+        self.all_learn_left = 0
 
     # the settings a reload changes (daemon/trainer/wide_path.py), on every member
     def _set(self, name: str, value) -> None:
@@ -253,11 +255,26 @@ class WideBag:
     pair_first = property(lambda self: self.learners[0].pair_first,
                           lambda self, v: self._set("pair_first", v))
 
+    def learn_all_for(self, examples: int) -> None:
+        """After a drift alarm: the next `examples` learned (signals, their second looks,
+        replays) are learned by every member at least once (a draw of 0 counts as 1).
+        Why: a member that draws 0 for the new policy's first signals holds the bag's mean
+        on the old policy -- the bag of 4 made 225 errors in the 250 signals after a change
+        where one learner made 194 (the harness, six seeds); with every member learning
+        the next 500 examples, 205, and no checkpoint before or after changed
+        (docs/learning.md "Every member learns after a drift alarm"). The members keep
+        what they already differ in, and their generators draw as always."""
+        self.all_learn_left = max(0, int(examples))
+
     def _times(self, weight: float) -> list[float]:
         """How many times each member learns a signal of `weight`: member 0 once, member
-        m > 0 a Poisson(1) draw of its own generator (bench_wide_experiments.py replaces
-        this to measure other draws)."""
-        return [1.0] + [float(draw.poisson(1.0)) for draw in self._draws]
+        m > 0 a Poisson(1) draw of its own generator, at least once while `learn_all_for`
+        lasts (bench_wide_experiments.py replaces this to measure other draws)."""
+        times = [1.0] + [float(draw.poisson(1.0)) for draw in self._draws]
+        if self.all_learn_left > 0:
+            self.all_learn_left -= 1
+            times = [max(k, 1.0) for k in times]
+        return times
 
     def learn(self, idx: np.ndarray, val: np.ndarray, z_rest: float, label: float,
               weight: float, pair=None, pair_hold: float = 0.0) -> float:

@@ -19,7 +19,7 @@ import numpy as np
 from ...config import TrainConfig
 from ...engine import Model
 from ...engine.wide import PAIR_KEYS
-from ...engine.wide_learner import WideAdaGrad
+from ...engine.wide_learner import WideAdaGrad, WideBag
 from ...online.second_look import SecondLook
 
 #: `n` -> (replayed examples, their `source_batch`): what the trainer's reservoir gives
@@ -106,11 +106,14 @@ class WidePath:
         """A policy change began at `began_seq`: the looks waiting from before it carry the
         old policy's labels (dropped), and AdaGrad's shrunken steps are relaxed
         (`train.drift_wide_relax`, the pair term's by `train.drift_wide_pair_relax`) so
-        the path moves as fast as at the start."""
+        the path moves as fast as at the start; a bag's members all learn the next
+        `train.drift_wide_bag_all` examples."""
         self.second_look.forget_before(began_seq)
         if self.learner is not None:
             self.learner.relax(self.settings.drift_wide_relax,
                                self.settings.drift_wide_pair_relax)
+            if isinstance(self.learner, WideBag):
+                self.learner.learn_all_for(self.settings.drift_wide_bag_all)
 
 
 def wide_row(sources: dict, i: int) -> tuple:
