@@ -15,7 +15,9 @@ grid field 22; ``relax-part`` measured there, not kept); ``pair-egress``: "The p
 only on uploads" (not kept); ``dest-unheld``, ``dest-allow-only`` and ``dest-cross`` again:
 "Org uploads after a secret read" (not kept); ``held-weight``: "Seed 3's dip, step by step"
 (not kept); ``bag-draw`` and ``bag-resync``: "The wide path as a bag" (the engine's
-draws, `ModelConfig.wide_members` with grid field 25, kept).
+draws, `ModelConfig.wide_members` with grid field 25, kept); ``bag-repeat``: "Every member
+learns after a drift alarm" (not kept; what was kept there is bench_wide_features.py's
+``--drift-bag-all``).
 
     --experiment destination[:SCALE][:egress][:outside]
                                the pair term's call side gains ``p|dest|<domain>``: the

@@ -261,9 +261,10 @@ class WideBag:
         Why: a member that draws 0 for the new policy's first signals holds the bag's mean
         on the old policy -- the bag of 4 made 225 errors in the 250 signals after a change
         where one learner made 194 (the harness, six seeds); with every member learning
-        the next 500 examples, 205, and no checkpoint before or after changed
-        (docs/learning.md "Every member learns after a drift alarm"). The members keep
-        what they already differ in, and their generators draw as always."""
+        the next 500 examples, 205, and no checkpoint count lower (docs/learning.md
+        "Every member learns after a drift alarm"). The members keep what they already
+        differ in, and their generators draw as always. Not checkpointed, as the draws
+        are not: a restart inside the window ends it."""
         self.all_learn_left = max(0, int(examples))
 
     def _times(self, weight: float) -> list[float]:
