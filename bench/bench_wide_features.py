@@ -125,7 +125,7 @@ from gated.engine.config import ModelConfig  # noqa: E402
 from gated.engine.model import Model  # noqa: E402
 from gated.engine.tokenizer import source_batch  # noqa: E402
 from gated.engine.wide import PAIR_KEYS  # noqa: E402
-from gated.engine.wide_learner import WideAdaGrad, WideBag  # noqa: E402
+from gated.engine.wide_learner import WideAdaGrad  # noqa: E402
 from gated.online.drift import CheckedTest, PageHinkley  # noqa: E402
 from gated.online.monitor import MonitorSettings  # noqa: E402
 from gated.online.second_look import SecondLook  # noqa: E402
@@ -283,8 +283,7 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
                 if began is not None:  # the trainer's on_drift, for the wide path
                     look.forget_before(began)
                     wide.relax(drift_relax, None if drift_relax_pair < 0 else drift_relax_pair)
-                    if isinstance(wide, WideBag):
-                        wide.learn_all_for(drift_bag_all)
+                    wide.learn_all_for(drift_bag_all)
                     for learner in getattr(wide, "learners", [wide]) if drift_cap > 0 else []:
                         np.minimum(learner.g2, drift_cap, out=learner.g2)
                     drifts.append((i, began, None))

@@ -206,6 +206,10 @@ class WideAdaGrad:
     def _host(a) -> np.ndarray:
         return a.get() if hasattr(a, "get") else np.asarray(a)
 
+    def learn_all_for(self, examples: int) -> None:
+        """Nothing to do: one learner learns every example already (`WideBag.learn_all_for`
+        is what a drift alarm changes)."""
+
     def relax(self, factor: float, pair_factor: float | None = None) -> None:
         """Scale the squared-gradient sums by `factor` (0 = forget them), the pair term's
         by `pair_factor` (default: `factor`): after a policy change AdaGrad's steps have

@@ -19,7 +19,7 @@ import numpy as np
 from ...config import TrainConfig
 from ...engine import Model
 from ...engine.wide import PAIR_KEYS
-from ...engine.wide_learner import WideAdaGrad, WideBag
+from ...engine.wide_learner import WideAdaGrad
 from ...online.second_look import SecondLook
 
 #: `n` -> (replayed examples, their `source_batch`): what the trainer's reservoir gives
@@ -112,8 +112,7 @@ class WidePath:
         if self.learner is not None:
             self.learner.relax(self.settings.drift_wide_relax,
                                self.settings.drift_wide_pair_relax)
-            if isinstance(self.learner, WideBag):
-                self.learner.learn_all_for(self.settings.drift_wide_bag_all)
+            self.learner.learn_all_for(self.settings.drift_wide_bag_all)
 
 
 def wide_row(sources: dict, i: int) -> tuple:
