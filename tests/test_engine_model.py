@@ -10,7 +10,7 @@ from gradcheck import numeric_grad_entries, rel_error, sample_indices
 
 from gated.engine import BOS, EOS, EWC, PAD, Model, ModelConfig, build_batch, param_layout
 from gated.engine.tokenizer import source_batch
-from gated.engine.wide import member_offsets
+from gated.engine.wide_logit import member_offsets
 
 TOL = 1e-6
 
@@ -236,7 +236,7 @@ def test_wide_and_segment_gradients_at_the_entries_a_batch_touches():
                           (0.0, 2.0, False, 2)])
 def test_pair_term_gradients_at_the_rows_a_batch_touches(pool: float, veto: float,
                                                          block_only: bool, members: int):
-    """The call x history pair term (engine/wide.py `pair_logit`, its history keys summed
+    """The call x history pair term (engine/wide_logit.py `pair_logit`, its history keys summed
     or pooled by a soft minimum, added to the linear logit or a veto): its two factor
     tables' gradients, from the joint loss's backward, against central differences at
     every row the batch touches; rows it does not touch get exactly 0. With a veto the

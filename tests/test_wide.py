@@ -19,13 +19,12 @@ from gated.engine.wide import (
     BIAS_BUCKET,
     MAX_STRUCTURED,
     PAIR_KEYS,
-    pair_logit,
     structured_features,
     value_shape,
-    veto_combine,
     wide_features,
 )
 from gated.engine.wide_learner import WideAdaGrad, WideBag
+from gated.engine.wide_logit import pair_logit, veto_combine
 from gated.store import Store
 
 
@@ -506,7 +505,7 @@ def test_a_contradicted_allow_is_held_from_the_pair_term_and_a_block_never_is():
 @pytest.mark.parametrize(("veto", "block_only"),
                          [(2.0, False), (0.5, False), (0.0, True), (2.0, True)])
 def test_the_history_as_a_veto_has_exact_gradients(veto: float, block_only: bool):
-    """`wide_pair_veto` (engine/wide.py `veto_combine`): sigmoid(z_wide) = sigmoid(linear)
+    """`wide_pair_veto` (engine/wide_logit.py `veto_combine`): sigmoid(z_wide) = sigmoid(linear)
     sigmoid(veto + pair), written out here as a probability product (veto 0: the sum),
     the pair term bounded to log(2 sigmoid(pair)) with `block_only`; the learner's logit
     and its gradients with respect to W, U and V against central differences (float64)."""

@@ -132,17 +132,17 @@ class ModelConfig:
     #: whatever the seed (False: all random; docs/learning.md, "The pair term's shared
     #: factor").
     wide_pair_init_shared: bool = True
-    #: How the pair term pools the history (engine/wide.py `pair_logit`): 0 = the sum of
+    #: How the pair term pools the history (engine/wide_logit.py `pair_logit`): 0 = the sum of
     #: its keys, tau > 0 = a soft minimum over its entries at temperature tau (logit
     #: units), so one incriminating read carries the term and the session's other files
     #: are not blamed with it.
     wide_pair_pool: float = 0.5
-    #: How the pair term joins the linear logit (engine/wide.py `veto_combine`): 0 = added;
+    #: How the pair term joins the linear logit (engine/wide_logit.py `veto_combine`): 0 = added;
     #: c > 0 = the history as a veto, sigmoid(z) = sigmoid(linear) sigmoid(c + pair), c
     #: being how sure an unremarkable history is of "allow" (docs/learning.md, "The
     #: history as a veto").
     wide_pair_veto: float = 0.0
-    #: The pair term speaks only for "block" (engine/wide.py `veto_combine`): the history
+    #: The pair term speaks only for "block" (engine/wide_logit.py `veto_combine`): the history
     #: term is log(2 sigmoid(pair)), 0 for an unremarkable history, at most log 2 for one
     #: the gate has seen only in allowed sessions, and the pair itself when it says
     #: "block". A session's earlier calls make a call suspicious; they do not vouch for it

@@ -26,7 +26,8 @@ import numpy as np
 from .model import length_chunks
 from .ops_numpy import gelu_tanh
 from .tokenizer import PAD
-from .wide import member_offsets, wide_feature_keys, wide_logit_host, wide_table
+from .wide import wide_feature_keys
+from .wide_logit import member_offsets, wide_logit_host, wide_table
 
 
 def _layernorm(x: np.ndarray, g: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:

@@ -51,7 +51,7 @@ def param_layout(cfg: ModelConfig) -> list[tuple[str, Shape]]:
     if cfg.wide_buckets:
         # one row of weights per member of the bag (`ModelConfig.wide_members`), and each
         # pair table as the members' tables one after the other (member m's rows start at
-        # m times one member's rows: engine/wide.py `member_offsets`)
+        # m times one member's rows: engine/wide_logit.py `member_offsets`)
         members = cfg.wide_members
         layout += [("wide.w", (members, cfg.wide_buckets))]
         if cfg.wide_pair_rank:  # the call x history pair term's two factor tables

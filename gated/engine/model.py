@@ -16,14 +16,12 @@ from .config import ModelConfig
 from .layout import decay_mask, init_flat, num_params, param_layout, views
 from .ops_numpy import NumpyOps
 from .tokenizer import BOS, EOS, PAD, decode_bytes
-from .wide import (
-    MAX_STRUCTURED,
-    PAIR_KEYS,
+from .wide import MAX_STRUCTURED, PAIR_KEYS, wide_feature_keys
+from .wide_logit import (
     member_offsets,
     pair_logit,
     shifted,
     veto_combine,
-    wide_feature_keys,
     wide_logit_host,
     wide_table,
 )

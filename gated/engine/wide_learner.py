@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from .layout import views
-from .wide import member_offsets, pair_logit, veto_combine
+from .wide_logit import member_offsets, pair_logit, veto_combine
 
 
 class WideAdaGrad:

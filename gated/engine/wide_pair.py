@@ -1,10 +1,11 @@
 """The call x history pair term's features: which keys each side of the product gets.
 
-The term itself (`wide.pair_logit`: a product of ``wide.pair_call`` and ``wide.pair_hist``
-rows, pooled over the history's entries) and the rest of the wide path's features are in
-wide.py; this module says what the call's side and the history's side of the product
-are made of: a call's site (its tool, method, whether it can carry data out, where it
-sends to) and, per earlier call that read a file, that file's name, words and marks.
+The term itself (`pair_logit`: a product of ``wide.pair_call`` and ``wide.pair_hist``
+rows, pooled over the history's entries) is in wide_logit.py, the rest of the wide
+path's features in wide.py; this module says what the call's side and the history's side
+of the product are made of: a call's site (its tool, method, whether it can carry data
+out, where it sends to) and, per earlier call that read a file, that file's name, words
+and marks.
 """
 
 from __future__ import annotations
