@@ -460,13 +460,16 @@ TABLE_HEAD = ("| ordinary signals scored | policy | gated, last 500 vs TRUE | an
 
 
 def by_category(r: dict) -> list[str]:
-    """The unseen-value probes by TRUE category, at the last checkpoint before the change
-    and at the end: which categories' held-out values the gate generalises to (some held-out
-    values share nothing a learner could read with the trained ones: a typo of a package
-    name that never appears in the stream, a paste host with a new name)."""
+    """The unseen-value probes by TRUE category, at the last checkpoint before the change,
+    at the end, and at every checkpoint where block recall on them fell below 0.90: which
+    categories' held-out values the gate generalises to, and which it missed where the
+    target was missed (some held-out values share nothing a learner could read with the
+    trained ones: a typo of a package name that never appears in the stream, a paste host
+    with a new name)."""
     rows, switch = r["rows"], r["switch_at"]
     pre = [x for x in rows if x["n"] <= switch]
-    points = ([pre[-1]] if pre else []) + [rows[-1]]
+    marked = {id(x) for x in ([pre[-1]] if pre else []) + [rows[-1]]}
+    points = [x for x in rows if id(x) in marked or x["probe_unseen_block_recall"] < 0.90]
     head = " | ".join(f"@{x['n']} ({x['policy']}) gated / anchor" for x in points)
     out = [f"| unseen-value probes by TRUE category (n at the end) | {head} |",
            "| --- |" + " --- |" * len(points)]
