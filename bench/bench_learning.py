@@ -468,8 +468,8 @@ def by_category(r: dict) -> list[str]:
     with a new name)."""
     rows, switch = r["rows"], r["switch_at"]
     pre = [x for x in rows if x["n"] <= switch]
-    marked = {id(x) for x in ([pre[-1]] if pre else []) + [rows[-1]]}
-    points = [x for x in rows if id(x) in marked or x["probe_unseen_block_recall"] < 0.90]
+    points = [x for x in rows if x is rows[-1] or (pre and x is pre[-1])
+              or x["probe_unseen_block_recall"] < 0.90]
     head = " | ".join(f"@{x['n']} ({x['policy']}) gated / anchor" for x in points)
     out = [f"| unseen-value probes by TRUE category (n at the end) | {head} |",
            "| --- |" + " --- |" * len(points)]

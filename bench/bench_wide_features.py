@@ -121,6 +121,7 @@ from anchor import HashedNgramLR, anchor_text, label_weight  # noqa: E402
 from trace_groups import after_credential_read  # noqa: E402
 
 from gated.config import TrainConfig  # noqa: E402
+from gated.daemon.trainer.wide_path import adapt_to_drift  # noqa: E402
 from gated.engine.config import ModelConfig  # noqa: E402
 from gated.engine.model import Model  # noqa: E402
 from gated.engine.tokenizer import source_batch  # noqa: E402
@@ -281,9 +282,9 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
             if detector is not None:
                 began = detector.observe(i, fp, z < 0, y < 0.5, False)
                 if began is not None:  # the trainer's on_drift, for the wide path
-                    look.forget_before(began)
-                    wide.relax(drift_relax, None if drift_relax_pair < 0 else drift_relax_pair)
-                    wide.learn_all_for(drift_bag_all)
+                    adapt_to_drift(look, wide, began, drift_relax,
+                                   None if drift_relax_pair < 0 else drift_relax_pair,
+                                   drift_bag_all)
                     for learner in getattr(wide, "learners", [wide]) if drift_cap > 0 else []:
                         np.minimum(learner.g2, drift_cap, out=learner.g2)
                     drifts.append((i, began, None))

@@ -19,7 +19,7 @@ import numpy as np
 from ...config import TrainConfig
 from ...engine import Model
 from ...engine.wide import PAIR_KEYS
-from ...engine.wide_learner import WideAdaGrad
+from ...engine.wide_learner import WideAdaGrad, WideBag
 from ...online.second_look import SecondLook
 
 #: `n` -> (replayed examples, their `source_batch`): what the trainer's reservoir gives
@@ -108,11 +108,22 @@ class WidePath:
         (`train.drift_wide_relax`, the pair term's by `train.drift_wide_pair_relax`) so
         the path moves as fast as at the start; a bag's members all learn the next
         `train.drift_wide_bag_all` examples."""
-        self.second_look.forget_before(began_seq)
-        if self.learner is not None:
-            self.learner.relax(self.settings.drift_wide_relax,
-                               self.settings.drift_wide_pair_relax)
-            self.learner.learn_all_for(self.settings.drift_wide_bag_all)
+        s = self.settings
+        adapt_to_drift(self.second_look, self.learner, began_seq, s.drift_wide_relax,
+                       s.drift_wide_pair_relax, s.drift_wide_bag_all)
+
+
+def adapt_to_drift(second_look: SecondLook, learner: WideAdaGrad | WideBag | None,
+                   began_seq: int, relax: float, pair_relax: float | None,
+                   bag_all: int) -> None:
+    """What a drift alarm does to the wide path (`WidePath.on_drift`), in one place so that
+    bench/bench_wide_features.py's replay responds to its alarms as the daemon does: the
+    waiting second looks from before `began_seq` are dropped, AdaGrad's sums relaxed
+    (`WideAdaGrad.relax`), a bag's members all learn the next `bag_all` examples."""
+    second_look.forget_before(began_seq)
+    if learner is not None:
+        learner.relax(relax, pair_relax)
+        learner.learn_all_for(bag_all)
 
 
 def wide_row(sources: dict, i: int) -> tuple:
