@@ -158,6 +158,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -629,14 +630,15 @@ def with_ema(learn, gradient, decay: float):
 
 def with_pair_lr(learn, early_lr: float, until: int):
     """`WideAdaGrad.learn` at pair rate `early_lr` for the first `until` first looks (the
-    harness marks a first look by its pair hold > 0)."""
-    first_looks = [0]
+    harness marks a first look by its pair hold > 0), counted per learner: until
+    2026-11-28 one count ran on across the seeds the harness replays in one process, so
+    only the first seed of a run had the early rate."""
+    first_looks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def learn_at_rate(self, idx, val, z_rest, label, weight, pair=None, pair_hold=0.0):
-        if pair_hold > 0:
-            first_looks[0] += 1
+        first_looks[self] = first_looks.get(self, 0) + (pair_hold > 0)
         rate = self.pair_lr
-        self.pair_lr = early_lr if first_looks[0] <= until else rate
+        self.pair_lr = early_lr if first_looks[self] <= until else rate
         try:
             return learn(self, idx, val, z_rest, label, weight, pair, pair_hold)
         finally:

@@ -121,7 +121,7 @@ from anchor import HashedNgramLR, anchor_text, label_weight  # noqa: E402
 from trace_groups import after_credential_read  # noqa: E402
 
 from gated.config import TrainConfig  # noqa: E402
-from gated.daemon.trainer.wide_path import adapt_to_drift  # noqa: E402
+from gated.daemon.trainer.wide_path import adapt_to_drift, early_block_weight  # noqa: E402
 from gated.engine.config import ModelConfig  # noqa: E402
 from gated.engine.model import Model  # noqa: E402
 from gated.engine.tokenizer import source_batch  # noqa: E402
@@ -168,7 +168,8 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
            destination: float = 0.0, domains: float = 0.0,
            destination_share: float = 0.0, sensitive_places: bool = False,
            drift_withdraw_below: float | None = None, drift_waits: int | None = None,
-           members: int = 1, drift_bag_all: int = 0) -> dict:
+           members: int = 1, drift_bag_all: int = 0,
+           early_block: tuple[float, int] = (1.0, 0)) -> dict:
     """One setting's run; `lag` > 1 scores each signal with weights that have not yet
     learned the previous `lag` - 1 (updates applied in groups of `lag`), as the daemon's
     trainer scores a step's arrivals with the weights published before them. `pair_rank`
@@ -204,7 +205,9 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
     default, for the same reason), `members` `ModelConfig.wide_members` (1 here by
     default, for the same reason), `drift_bag_all` `train.drift_wide_bag_all` (the bag's
     members all learn that many examples after an alarm; 0 here by default, for the same
-    reason)."""
+    reason), `early_block` (`train.wide_early_block_weight`, `_signals`: a block label's
+    weight at the first signal and the signal where it has faded to 1; (1, 0), off, here
+    by default, for the same reason)."""
     cfg = dataclasses.replace(ModelConfig.preset("flint"), wide_call_words=words,
                               wide_history_cross=cross, wide_pair_rank=pair_rank,
                               wide_pair_pool=pool, wide_call_shapes=shapes,
@@ -248,10 +251,14 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
                            else drift_waits) if drift_relax >= 0 else None
 
     def flush() -> None:
-        for f_p, y_p, w_p, seq, fp in pending:
-            wide.learn(*f_p[:3], y_p, w_p, f_p[3], pair_hold=pair_hold if look.delay else 0.0)
+        for f_p, y_p, w_p, seq, fp, ordinary in pending:
+            # the signal log's sequence numbers are 1-based
+            wide.learn(*f_p[:3], y_p, w_p * early_block_weight(seq + 1, y_p, ordinary,
+                                                               *early_block),
+                       f_p[3], pair_hold=pair_hold if look.delay else 0.0)
             for f_l, y_l in look.push(seq, fp, y_p, f_p):
-                wide.learn(*f_l[:3], y_l, 1.0, f_l[3])
+                wide.learn(*f_l[:3], y_l, early_block_weight(seq + 1, y_l, True, *early_block),
+                           f_l[3])
         pending.clear()
 
     def z_of(events) -> np.ndarray:
@@ -293,7 +300,7 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
                     drifts[k] = (*drifts[k][:2], confirmed)
         look.note(fp, y)
         pending.append((f, y, correction_weight if correction_weight and ev.is_correction
-                        else w, i, fp))
+                        else w, i, fp, not ev.is_correction))
         if len(pending) >= lag:
             flush()
         anchor.learn(text, y, w)
@@ -378,6 +385,10 @@ def main() -> None:
                     help="with a bag (grid field 25 > 1): every member learns this many "
                          "examples after an alarm (train.drift_wide_bag_all; 0: the draws "
                          "as always, as before it)")
+    ap.add_argument("--early-block", default="1:0", metavar="W:N",
+                    help="a block label of an ordinary signal weighs W at the first signal, "
+                         "fading to 1 at signal N (train.wide_early_block_weight and "
+                         "_signals; default 1:0, off, as before them)")
     ap.add_argument("--drift-cap", type=float, default=0.0,
                     help="at an alarm also cap the linear weights' AdaGrad sums at this "
                          "(0: no cap)")
@@ -412,7 +423,8 @@ def main() -> None:
                        seed if a.init_seed < 0 else a.init_seed, a.second_look, a.pair_hold,
                        a.drift_relax, a.drift_relax_pair, a.drift_cap, dest, domains,
                        dest_share, bool(mark_places), a.drift_withdraw_below,
-                       a.drift_waits, int(members), a.drift_bag_all)
+                       a.drift_waits, int(members), a.drift_bag_all,
+                       (float(a.early_block.split(":")[0]), int(a.early_block.split(":")[1])))
             p0, p1 = (r["at"][p] for p in points)
 
             def pair(k: str, p0=p0, p1=p1) -> str:

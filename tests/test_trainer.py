@@ -11,6 +11,7 @@ import pytest
 from gated.config import TrainConfig
 from gated.daemon.serving import Calibration
 from gated.daemon.trainer import AlignmentWindow, TrainerEvents, build_trainer
+from gated.daemon.trainer.wide_path import early_block_weight
 from gated.engine import ModelConfig, source_batch
 from gated.online.drift import AlarmRecheck
 from gated.store import Store
@@ -297,6 +298,48 @@ def test_the_transformer_starts_with_no_share_of_the_served_logit(tmp_path):
     store.close()
 
 
+def test_early_block_weight_fades_to_one_and_spares_allows_and_corrections():
+    """`train.wide_early_block_weight` W over `wide_early_block_signals` N: an ordinary
+    block at signal 1 weighs W, halfway through (W + 1) / 2, from signal N on 1; an
+    allow, a correction and a setting of 1 or N = 0 are never scaled."""
+    assert early_block_weight(1, 0.0, True, 3.0, 10) == 3.0
+    assert early_block_weight(6, 0.0, True, 3.0, 10) == 2.0  # (1 - 5/10) of the way
+    assert early_block_weight(10, 0.0, True, 3.0, 10) == pytest.approx(1.2)
+    assert early_block_weight(11, 0.0, True, 3.0, 10) == 1.0
+    assert early_block_weight(1, 1.0, True, 3.0, 10) == 1.0  # allow
+    assert early_block_weight(1, 0.0, False, 3.0, 10) == 1.0  # a correction
+    assert early_block_weight(1, 0.0, True, 1.0, 10) == 1.0
+    assert early_block_weight(1, 0.0, True, 3.0, 0) == 1.0
+
+
+def test_the_wide_path_weighs_early_blocks_up_in_first_and_second_looks(tmp_path):
+    """In the trainer: the first look of an ordinary block at signal s learns at
+    W (1 - (s - 1) / N) + (s - 1) / N times its weight, its second look the same at the
+    signal that brings it, a correction at its own weight, an allow at 1; past N nothing
+    is scaled (a spy passes every call through to the real learner)."""
+    store, trainer, _ = _trainer(tmp_path, wide_second_look=2, wide_early_block_weight=3.0,
+                                 wide_early_block_signals=4)
+    seen: list[tuple[float, float]] = []
+    learn = trainer.wide_path.learner.learn
+
+    def spy(idx, val, z_rest, label, weight, pair=None, pair_hold=0.0):
+        seen.append((label, weight))
+        return learn(idx, val, z_rest, label, weight, pair, pair_hold)
+
+    trainer.wide_path.learner.learn = spy
+    store.append_signals([_sig("rm -rf /", "block"),  # 1: weight 3
+                          _sig("ls a", "allow"),  # 2
+                          _sig("ls b", "block", feedback="false_negative"),  # 3: its own 4
+                          _sig("rm -rf ~", "block"),  # 4: 1 + 2 (1 - 3/4) = 1.5
+                          _sig("rm -rf /x", "block")])  # 5: past N
+    trainer.train_on(store.read_signals(0, 64))
+    assert seen == [(0.0, 3.0), (1.0, 1.0),
+                    (0.0, 4.0), (0.0, 1.0 + 2.0 * (1 - 2 / 4)),  # signal 1's second look at 3
+                    (0.0, 1.5), (1.0, 1.0),  # signal 2's second look at 4
+                    (0.0, 1.0), (0.0, 1.0)]  # past N: 5, and signal 3's second look
+    store.close()
+
+
 def test_the_wide_path_takes_a_second_look_at_each_signal_under_its_corrected_label(tmp_path):
     """`wide_second_look`: every signal the wide path learned is learned once more that
     many signals later, at weight 1, under the newest label of its (context, history);
@@ -304,7 +347,9 @@ def test_the_wide_path_takes_a_second_look_at_each_signal_under_its_corrected_la
     term's contradicted "allow" (`wide_pair_hold`), a second look never does, and
     without a second look nothing is held. The learner's calls are recorded (a spy that
     passes every call through to the real WideAdaGrad)."""
-    store, trainer, _ = _trainer(tmp_path, wide_second_look=3, wide_pair_hold=2.5)
+    # blocks at their own weight here (the early weight: the next test)
+    store, trainer, _ = _trainer(tmp_path, wide_second_look=3, wide_pair_hold=2.5,
+                                 wide_early_block_weight=1.0)
     seen: list[tuple[str, float, float]] = []
     holds: list[float] = []
     learn, rows = trainer.wide_path.learner.learn, {}
