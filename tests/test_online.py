@@ -128,6 +128,45 @@ def test_the_burn_in_pairs_never_reach_the_calibration_map():
     assert kept.params != burnt.params
 
 
+def test_a_block_pairs_weight_counts_as_that_many_copies_of_it_in_the_fit():
+    """`block_weight`: a pair labelled block weighs w in the map's fit -- the weighted
+    Newton solution is the unweighted one on the pairs with each block repeated w times
+    (float64, exact up to the solver) -- an allow pair weighs 1 whatever it carries, and
+    a relabelled pair takes its weight along. Heavier blocks lower the intercept: the
+    map keeps the trainer's class weight instead of taking it back."""
+    rng = np.random.default_rng(7)
+    z = rng.normal(0.5, 2.0, 400)
+    y = (rng.random(400) < 1 / (1 + np.exp(-(0.8 * z + 0.6)))).astype(float)
+    weighted = PlattCalibrator(size=4000, refit_every=10**9, min_samples=1)
+    copies = PlattCalibrator(size=4000, refit_every=10**9, min_samples=1)
+    for zi, yi in zip(z, y, strict=True):
+        weighted.update(zi, yi, block_weight=3.0)
+        for _ in range(3 if yi < 0.5 else 1):
+            copies.update(zi, yi, block_weight=7.0 if yi >= 0.5 else 1.0)  # allows: 1
+    start = np.array([1.0, 0.0, 0.0])
+
+    def solve(cal):
+        x = np.column_stack([np.asarray(cal.z), np.ones(len(cal.z)), np.asarray(cal.zd)])
+        y_ = np.asarray(cal.y)
+        w = np.where(y_ < 0.5, np.asarray(cal.bw), 1.0)
+        return cal._newton(x, y_, w, start, 100)
+    np.testing.assert_allclose(solve(weighted), solve(copies), rtol=0, atol=1e-7)
+    plain = PlattCalibrator(size=4000, refit_every=10**9, min_samples=1)
+    for zi, yi in zip(z, y, strict=True):
+        plain.update(zi, yi)
+    plain.fit()
+    weighted.fit()
+    assert weighted.b < plain.b - 0.3  # log(3) lower, near enough, if the fit is kept
+    # a correction to block takes the pair's weight along; the state keeps the weights
+    fp = b"call"
+    cal = PlattCalibrator(size=10, refit_every=10**9, min_samples=1)
+    cal.update(1.0, 1.0, fp, block_weight=2.0)
+    assert cal.relabel(fp, 0.0) == 1 and list(cal.bw) == [2.0]
+    restored = PlattCalibrator(size=10)
+    restored.load(cal.state())
+    assert list(restored.bw) == [2.0] and list(restored.y) == [0.0]
+
+
 def test_the_burn_in_survives_a_restart_and_old_states_count_as_past_it():
     cal = PlattCalibrator(burn_in=10)
     for _ in range(7):
@@ -140,9 +179,11 @@ def test_the_burn_in_survives_a_restart_and_old_states_count_as_past_it():
     assert len(restored.z) == 2
     old = cal.state() | {"z": [0.5] * 40, "zd": [0.0] * 40, "y": [1.0] * 40}
     del old["seen"]  # a checkpoint written before the burn-in existed
+    del old["bw"]  # ... and before the block weights: every pair at weight 1
     before = PlattCalibrator(burn_in=500)
     before.load(old)
     assert before.seen == 500 and before.update(1.0, 1.0) is False and len(before.z) == 41
+    assert list(before.bw) == [1.0] * 41
 
 
 def test_the_monitor_keeps_no_calibration_pair_of_a_fresh_states_first_500():

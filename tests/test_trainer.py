@@ -327,6 +327,7 @@ def test_the_wide_path_weighs_early_blocks_up_in_first_and_second_looks(tmp_path
         return learn(idx, val, z_rest, label, weight, pair, pair_hold)
 
     trainer.wide_path.learner.learn = spy
+    trainer.monitor.calibrator.burn_in = 0  # keep every calibration pair here
     store.append_signals([_sig("rm -rf /", "block"),  # 1: weight 3
                           _sig("ls a", "allow"),  # 2
                           _sig("ls b", "block", feedback="false_negative"),  # 3: its own 4
@@ -337,6 +338,9 @@ def test_the_wide_path_weighs_early_blocks_up_in_first_and_second_looks(tmp_path
                     (0.0, 4.0), (0.0, 1.0 + 2.0 * (1 - 2 / 4)),  # signal 1's second look at 3
                     (0.0, 1.5), (1.0, 1.0),  # signal 2's second look at 4
                     (0.0, 1.0), (0.0, 1.0)]  # past N: 5, and signal 3's second look
+    # each calibration pair carries the weight a block of its signal has (an allow's
+    # too, for a correction that relabels it; a correction's own pair 1)
+    assert list(trainer.monitor.calibrator.bw) == [3.0, 2.5, 1.0, 1.5, 1.0]
     store.close()
 
 

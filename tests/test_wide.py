@@ -353,8 +353,10 @@ def test_without_wide_residual_the_wide_path_is_a_standalone_learner(tmp_path):
     cfg = ModelConfig.tiny()
     got = {}
     for residual in (False, True):
+        # (blocks at their own weight: the reference below learns at the signals' weights)
         store, trainer, _ = _trainer(tmp_path / str(residual), wide_residual=residual,
-                                     promotion_holdout_share=0.0, wide_replay=0)
+                                     promotion_holdout_share=0.0, wide_replay=0,
+                                     wide_early_block_weight=1.0)
         trainer.model.params["gate.b"][...] = 2.0  # a transformer that says "allow"
         assert trainer.publish_now()
         store.append_signals(signals)

@@ -62,6 +62,8 @@ class PlattCalibrator:
         self.z: deque[float] = deque(maxlen=size)
         self.zd: deque[float] = deque(maxlen=size)  # the transformer's part of each z
         self.y: deque[float] = deque(maxlen=size)
+        #: the weight each pair has in the fit when its label is "block" (1 when "allow")
+        self.bw: deque[float] = deque(maxlen=size)
         self.fp: deque[bytes | None] = deque(maxlen=size)
         #: (a, b, d) before any fit: the ridge's centre and the map a refit must beat. With
         #: `share_prior` 0 (a gate with a wide path) the transformer starts with no share
@@ -78,12 +80,16 @@ class PlattCalibrator:
         return self.a, self.b, self.d
 
     def update(self, z: float, label: float, fingerprint: bytes | None = None,
-               z_deep: float = 0.0) -> bool:
+               z_deep: float = 0.0, block_weight: float = 1.0) -> bool:
         """Record one progressive (logit, label) pair and the transformer's part of that
         logit (0 without a wide path: then d stays 0); refit when due. True if refitted.
 
         `fingerprint` (the call's (context, history) fingerprint) lets a later correction
-        relabel the pair (`relabel`)."""
+        relabel the pair (`relabel`). `block_weight`: the pair's weight in the fit while
+        its label is "block" -- what the model's training gave a "block" of that signal
+        (`train.wide_early_block_weight`), so that the map is fitted to the objective the
+        logits were trained on and does not take back a class weight the trainer chose
+        (docs/learning.md, "Blocks weigh more at first")."""
         if not (math.isfinite(z) and math.isfinite(z_deep)):
             return False
         self.seen += 1
@@ -92,6 +98,7 @@ class PlattCalibrator:
         self.z.append(float(z))
         self.zd.append(float(z_deep))
         self.y.append(float(label))
+        self.bw.append(float(block_weight) if math.isfinite(block_weight) else 1.0)
         self.fp.append(fingerprint)
         self._since_fit += 1
         if self._since_fit >= self.refit_every and len(self.z) >= self.min_samples:
@@ -120,11 +127,13 @@ class PlattCalibrator:
         every pair."""
         x = np.column_stack([np.asarray(self.z), np.ones(len(self.z)), np.asarray(self.zd)])
         y = np.asarray(self.y)
+        w = np.where(y < 0.5, np.asarray(self.bw), 1.0)
         k = (3 * y.size) // 4
-        trial = self._clip(self._newton(x[:k], y[:k], np.array([self.a, self.b, self.d]),
-                                        iters))
-        if self._loss(trial, x[k:], y[k:]) < self._loss(self._prior, x[k:], y[k:]):
-            theta = self._clip(self._newton(x, y, trial, iters))
+        trial = self._clip(self._newton(x[:k], y[:k], w[:k],
+                                        np.array([self.a, self.b, self.d]), iters))
+        if (self._loss(trial, x[k:], y[k:], w[k:])
+                < self._loss(self._prior, x[k:], y[k:], w[k:])):
+            theta = self._clip(self._newton(x, y, w, trial, iters))
         else:
             theta = self._prior
         a, b, d = (float(t) for t in theta)
@@ -139,39 +148,40 @@ class PlattCalibrator:
         a, b, d = theta
         return np.array([a, b, min(0.0, max(-abs(a), d))])
 
-    def _loss(self, t: np.ndarray, x: np.ndarray, y: np.ndarray) -> float:
-        """Mean log-loss of sigmoid(x @ t), x = [z, 1, z_deep] (+ a small ridge towards
-        the prior map)."""
+    def _loss(self, t: np.ndarray, x: np.ndarray, y: np.ndarray, w: np.ndarray) -> float:
+        """Weighted mean log-loss of sigmoid(x @ t), x = [z, 1, z_deep], pair weights `w`
+        (+ a small ridge towards the prior map)."""
         u = x @ t
-        return float(np.mean(np.logaddexp(0.0, u) - y * u)
+        return float(np.sum(w * (np.logaddexp(0.0, u) - y * u)) / np.sum(w)
                      + 0.5 * self.l2 * np.sum((t - self._prior) ** 2))
 
-    def _newton(self, x: np.ndarray, y: np.ndarray, theta: np.ndarray,
+    def _newton(self, x: np.ndarray, y: np.ndarray, w: np.ndarray, theta: np.ndarray,
                 iters: int) -> np.ndarray:
         """Damped Newton on `_loss`: each step is halved until the loss falls, so it
         converges from any start."""
-        current = self._loss(theta, x, y)
+        current = self._loss(theta, x, y, w)
         ridge = self.l2 * np.eye(x.shape[1])
+        total = np.sum(w)
         for _ in range(iters):
             p = _sigmoid(x @ theta)
-            r, w = p - y, p * (1.0 - p)
-            g = x.T @ r / y.size + self.l2 * (theta - self._prior)
-            h = (x * w[:, None]).T @ x / y.size + ridge
+            g = x.T @ (w * (p - y)) / total + self.l2 * (theta - self._prior)
+            h = (x * (w * p * (1.0 - p))[:, None]).T @ x / total + ridge
             step = np.linalg.solve(h, g)
             t = 1.0
-            while t > 1e-6 and self._loss(theta - t * step, x, y) > current:
+            while t > 1e-6 and self._loss(theta - t * step, x, y, w) > current:
                 t *= 0.5
             if t <= 1e-6:
                 break
             theta = theta - t * step
-            current = self._loss(theta, x, y)
+            current = self._loss(theta, x, y, w)
             if np.abs(t * step).max() < 1e-9:
                 break
         return theta
 
     def state(self) -> dict:
         return {"a": self.a, "b": self.b, "d": self.d, "z": list(self.z),
-                "zd": list(self.zd), "y": list(self.y), "seen": self.seen}
+                "zd": list(self.zd), "y": list(self.y), "bw": list(self.bw),
+                "seen": self.seen}
 
     def load(self, state: dict | None) -> None:
         if not state:
@@ -183,6 +193,8 @@ class PlattCalibrator:
         self.z.extend(state.get("z", []))
         self.zd.extend(state.get("zd", [0.0] * len(state.get("z", []))))
         self.y.extend(state.get("y", []))
+        # a checkpoint from before the block weights: every pair at weight 1
+        self.bw.extend(state.get("bw", [1.0] * len(state.get("z", []))))
         self.fp.extend([None] * (len(self.z) - len(self.fp)))  # not kept across restarts
 
 

@@ -97,11 +97,13 @@ class Monitor:
         self.drift_check.max_waits = self.settings.drift_confirm_waits
 
     def observe(self, seq: int, fingerprint: bytes, feedback: str | None, label: float,
-                z: float, p: float, tool: str | None = None, z_deep: float = 0.0
-                ) -> int | None:
-        """Record one scored signal (of `tool`, for the per-tool view). Returns the
-        sequence number where a policy change began when this observation raises a drift
-        alarm, else None (the alarm's verdict comes later: `take_verdicts`)."""
+                z: float, p: float, tool: str | None = None, z_deep: float = 0.0,
+                block_weight: float = 1.0) -> int | None:
+        """Record one scored signal (of `tool`, for the per-tool view; `block_weight`: its
+        calibration pair's weight while labelled "block", `PlattCalibrator.update`).
+        Returns the sequence number where a policy change began when this observation
+        raises a drift alarm, else None (the alarm's verdict comes later:
+        `take_verdicts`)."""
         self.window.add(p, label)
         if tool is not None:
             self.per_tool.observe(tool, p, label)
@@ -112,7 +114,7 @@ class Monitor:
         else:
             self.corrected.add(fingerprint, p, label)
         self._recent.append((p, label))
-        self.calibrator.update(z, label, fingerprint, z_deep)
+        self.calibrator.update(z, label, fingerprint, z_deep, block_weight)
         if p >= self.settings.allow_band_p:
             self._guard_allow_band(label)
         began = self.drift_check.observe(seq, fingerprint, p < 0.5, label < 0.5, correction)

@@ -109,7 +109,9 @@ class WidePath:
 
     def early_block(self, seq: int, label: float, ordinary: bool) -> float:
         """The weight factor of an example learned when signal `seq` arrived
-        (`early_block_weight` with this path's settings)."""
+        (`early_block_weight` with this path's settings; 1 without a wide path)."""
+        if self.learner is None:
+            return 1.0
         s = self.settings
         return early_block_weight(seq, label, ordinary, s.wide_early_block_weight,
                                   s.wide_early_block_signals)
