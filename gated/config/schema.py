@@ -173,17 +173,20 @@ class TrainConfig:
                                  "at once. 0 = off. Ignored without a second look "
                                  "(docs/learning.md, 'The pair term holds')", hot=True,
                                  lo=0.0, hi=100.0)
-    wide_early_block_weight: float = _opt(2.0, "a 'block' label of an ordinary signal "
+    wide_early_block_weight: float = _opt(1.0, "a 'block' label of an ordinary signal "
                                           "(not a correction) weighs this much in the wide "
-                                          "path's step at the state's first signal, fading "
-                                          "to 1 at signal wide_early_block_signals: the "
-                                          "few examples of each block category outweigh "
-                                          "the allowed calls an unseen block resembles "
+                                          "path's step and the calibration's fit at the "
+                                          "state's first signal, fading to 1 after signal "
+                                          "wide_early_block_signals: a young gate blocks "
+                                          "more of what it has not seen, and allows less "
                                           "(docs/learning.md, 'Blocks weigh more at "
-                                          "first'); 1 = off", hot=True, lo=1.0, hi=100.0)
+                                          "first': 2 over 2,000 lifted the first "
+                                          "checkpoint's block recall on unseen values, not "
+                                          "the counts); 1 = off, the default", hot=True,
+                                          lo=1.0, hi=100.0)
     wide_early_block_signals: int = _opt(2000, "signals over which "
                                          "wide_early_block_weight fades to 1 (sequence "
-                                         "numbers of the signal log); 0 = off", hot=True,
+                                         "numbers of the signal log); 0 = none", hot=True,
                                          lo=0, hi=1_000_000_000)
     wide_pair_lr: float = _opt(0.1, "AdaGrad learning rate of the wide path's call x history "
                                "pair term (0.1: the sweep in docs/learning.md; larger adds "

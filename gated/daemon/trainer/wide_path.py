@@ -130,8 +130,8 @@ class WidePath:
 def early_block_weight(seq: int, label: float, ordinary: bool, weight: float,
                        signals: int) -> float:
     """How much more a "block" label weighs in the wide path's step while the state is
-    young: `weight` at the first signal, fading linearly to 1 after signal `signals` (1-based
-    sequence numbers of the signal log), 1 after, and always 1 for an "allow" label or an
+    young: `weight` at the first signal, fading linearly to 1 after signal `signals`
+    (1-based sequence numbers of the signal log), and always 1 for an "allow" label or an
     example that is not `ordinary` (a correction or override has its own weight). The
     first looks and the second looks of ordinary signals are ordinary.
 
@@ -140,9 +140,11 @@ def early_block_weight(seq: int, label: float, ordinary: bool, weight: float,
     thousand signals; against the hundreds of allowed calls whose words and shapes an
     unseen block shares, those few examples lost (block recall on unseen values 0.69-0.84
     at the first checkpoints). A class weight for good lowered accuracy on unseen
-    allowed calls ("Why blocks are not weighted up"); one that fades out while the
-    allowed calls' own features are still being learned moves the first checkpoints and
-    is gone before the lead over the anchor is thin. bench/bench_wide_features.py's
+    allowed calls ("Why blocks are not weighted up"); one that fades out (2 over 2,000
+    signals) lifted block recall on unseen values at the first checkpoint in the daemon,
+    not the counts over a run, and cost unseen allowed calls there on one seed: off by
+    default (`train.wide_early_block_weight` 1), an operator's choice. The calibration
+    weighs its pairs the same way (`PlattCalibrator.update`). bench/bench_wide_features.py's
     replay calls this too."""
     if label >= 0.5 or not ordinary or seq > signals or weight == 1.0:
         return 1.0
