@@ -146,10 +146,7 @@ def test_a_block_pairs_weight_counts_as_that_many_copies_of_it_in_the_fit():
     start = np.array([1.0, 0.0, 0.0])
 
     def solve(cal):
-        x = np.column_stack([np.asarray(cal.z), np.ones(len(cal.z)), np.asarray(cal.zd)])
-        y_ = np.asarray(cal.y)
-        w = np.where(y_ < 0.5, np.asarray(cal.bw), 1.0)
-        return cal._newton(x, y_, w, start, 100)
+        return cal._newton(*cal.pairs(), start, 100)
     np.testing.assert_allclose(solve(weighted), solve(copies), rtol=0, atol=1e-7)
     plain = PlattCalibrator(size=4000, refit_every=10**9, min_samples=1)
     for zi, yi in zip(z, y, strict=True):

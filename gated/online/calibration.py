@@ -118,6 +118,13 @@ class PlattCalibrator:
                 changed += 1
         return changed
 
+    def pairs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The fit's data: rows [z, 1, z_deep], labels, and each pair's weight (its
+        `block_weight` while labelled "block", 1 while "allow")."""
+        x = np.column_stack([np.asarray(self.z), np.ones(len(self.z)), np.asarray(self.zd)])
+        y = np.asarray(self.y)
+        return x, y, np.where(y < 0.5, np.asarray(self.bw), 1.0)
+
     def fit(self, iters: int = 50) -> None:
         """Refit, and keep the fit only if it earns its place: fitted on the older three
         quarters of the pairs, it must beat the prior map (a=1, b=0, d=share_prior-1) in
@@ -125,9 +132,7 @@ class PlattCalibrator:
         changing, so a map fitted to yesterday's logits can be worse than none (measured:
         early in a stream it cost 2 points of accuracy); when it passes, it is refitted on
         every pair."""
-        x = np.column_stack([np.asarray(self.z), np.ones(len(self.z)), np.asarray(self.zd)])
-        y = np.asarray(self.y)
-        w = np.where(y < 0.5, np.asarray(self.bw), 1.0)
+        x, y, w = self.pairs()
         k = (3 * y.size) // 4
         trial = self._clip(self._newton(x[:k], y[:k], w[:k],
                                         np.array([self.a, self.b, self.d]), iters))

@@ -351,14 +351,10 @@ class Trainer(Control, GpuFallback, Publication, threading.Thread):
         hard: list[tuple[float, dict]] = []
         for zi, pi, zdi, ex in zip(z, p, z_deep, fresh, strict=True):
             self.last_scores.append((ex["seq"], float(pi), float(zi), float(zdi), allow_open))
-            # the weight a "block" of this signal has in the wide path's step (a correction
-            # relabels its call's pair, which keeps the weight of the signal it was)
-            block_weight = self.wide_path.early_block(ex["seq"], 0.0,
-                                                      ex["feedback"] not in CORRECTIONS)
             began = self.monitor.observe(ex["seq"], ex["fp"], ex["feedback"], ex["label"],
                                          float(zi), float(pi), tool_of(ex["context"]),
                                          float(zdi) if self.wide_path.learner is not None else 0.0,
-                                         block_weight)
+                                         self.wide_path.block_weight(ex))
             if began is not None:
                 self._on_drift(began, ex["seq"])
             self.apply_drift_verdicts()

@@ -107,6 +107,12 @@ class WidePath:
                                    self.early_block(ex["seq"], label, True), pair)
         self.dirty = True
 
+    def block_weight(self, ex: dict) -> float:
+        """What a "block" label of signal `ex` weighs in this path's first look, whatever
+        its label now: its calibration pair carries it (`PlattCalibrator.update`), and a
+        correction that relabels the pair to "block" keeps the weight of the signal."""
+        return self.early_block(ex["seq"], 0.0, ex["feedback"] not in CORRECTIONS)
+
     def early_block(self, seq: int, label: float, ordinary: bool) -> float:
         """The weight factor of an example learned when signal `seq` arrived
         (`early_block_weight` with this path's settings; 1 without a wide path)."""
