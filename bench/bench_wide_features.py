@@ -169,7 +169,7 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
            destination_share: float = 0.0, sensitive_places: bool = False,
            drift_withdraw_below: float | None = None, drift_waits: int | None = None,
            members: int = 1, drift_bag_all: int = 0,
-           early_block: tuple[float, int] = (1.0, 0)) -> dict:
+           early_block: tuple[float, int] = (1.0, 0), call_places: bool = False) -> dict:
     """One setting's run; `lag` > 1 scores each signal with weights that have not yet
     learned the previous `lag` - 1 (updates applied in groups of `lag`), as the daemon's
     trainer scores a step's arrivals with the weights published before them. `pair_rank`
@@ -207,7 +207,8 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
     members all learn that many examples after an alarm; 0 here by default, for the same
     reason), `early_block` (`train.wide_early_block_weight`, `_signals`: a block label's
     weight at the first signal and the signal where it has faded to 1; (1, 0), off, here
-    by default, for the same reason)."""
+    by default, for the same reason), `call_places` `ModelConfig.wide_sensitive_call_places`
+    (off here by default, for the same reason)."""
     cfg = dataclasses.replace(ModelConfig.preset("flint"), wide_call_words=words,
                               wide_history_cross=cross, wide_pair_rank=pair_rank,
                               wide_pair_pool=pool, wide_call_shapes=shapes,
@@ -221,7 +222,8 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
                               wide_call_domains=domains,
                               wide_pair_destination_share=destination_share,
                               wide_sensitive_places=sensitive_places,
-                              wide_members=members)
+                              wide_members=members,
+                              wide_sensitive_call_places=call_places)
 
     def feats(context: str, history: list[str] | None) -> tuple:
         b = source_batch([(context, history)], cfg)
@@ -389,6 +391,10 @@ def main() -> None:
                     help="a block label of an ordinary signal weighs W at the first signal, "
                          "fading to 1 at signal N (train.wide_early_block_weight and "
                          "_signals; default 1:0, off, as before them)")
+    ap.add_argument("--call-mark-places", action="store_true",
+                    help="the call's own sensitive-file mark also with the file's place "
+                         "(ModelConfig.wide_sensitive_call_places; default off, as before "
+                         "it)")
     ap.add_argument("--drift-cap", type=float, default=0.0,
                     help="at an alarm also cap the linear weights' AdaGrad sums at this "
                          "(0: no cap)")
@@ -424,7 +430,8 @@ def main() -> None:
                        a.drift_relax, a.drift_relax_pair, a.drift_cap, dest, domains,
                        dest_share, bool(mark_places), a.drift_withdraw_below,
                        a.drift_waits, int(members), a.drift_bag_all,
-                       (float(a.early_block.split(":")[0]), int(a.early_block.split(":")[1])))
+                       (float(a.early_block.split(":")[0]), int(a.early_block.split(":")[1])),
+                       a.call_mark_places)
             p0, p1 = (r["at"][p] for p in points)
 
             def pair(k: str, p0=p0, p1=p1) -> str:

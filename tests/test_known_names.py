@@ -153,6 +153,43 @@ def test_the_sensitive_marks_on_the_call_and_in_the_pair_terms_history() -> None
     assert mark not in off_idx
 
 
+def test_the_calls_sensitive_mark_names_the_files_place() -> None:
+    """`sensitive_places` on the call: beside the plain mark, the mark with the marked
+    file's place, of the same value; a project's secret, a home's credential file and a
+    system's get three different keys, a bare name ``none``; a call that names no
+    credential file gets neither, and off is as before. The model's batch carries it when
+    `ModelConfig.wide_sensitive_call_places` is on and not when off."""
+    n = 1 << 16
+
+    def marks(context: str, places: bool) -> dict[int, float]:
+        idx, val = structured_features(context, None, n, 0.0, 0.0, sensitive_scale=4.0,
+                                       sensitive_places=places)
+        return dict(zip(idx.tolist(), val.tolist(), strict=True))
+
+    plain = _bucket("f|fs.read|path|sensitive", n)
+    for path, place in (("config/secrets.yml", "relative"), ("/etc/gshadow", "system"),
+                        ("/home/quinn/.netrc", "home-dot"), (".env", "none")):
+        placed = _bucket(f"f|fs.read|path|sensitive|{place}", n)
+        assert marks(_call("fs.read", path=path), True) == {plain: 4.0, placed: 4.0}, path
+        assert marks(_call("fs.read", path=path), False) == {plain: 4.0}, path
+    keys = {_bucket(f"f|fs.read|path|sensitive|{p}", n) for p in ("relative", "system",
+                                                                  "home-dot", "none")}
+    assert len(keys) == 4
+    assert marks(_call("fs.read", path="/etc/hosts"), True) == {}
+    # two credential files in one command: each place once, the plain mark once
+    both = marks(_call("shell.exec", cmd="cat /etc/shadow ~/.ssh/id_rsa /etc/gshadow"), True)
+    assert both == {_bucket("f|shell.exec|cmd|sensitive", n): 4.0,
+                    _bucket("f|shell.exec|cmd|sensitive|system", n): 4.0,
+                    _bucket("f|shell.exec|cmd|sensitive|home-dot", n): 4.0}
+    call = _call("fs.read", path="/etc/gshadow")
+    system = _bucket("f|fs.read|path|sensitive|system", ModelConfig.flint().wide_buckets)
+    on = ModelConfig.flint()
+    off = dataclasses.replace(on, wide_sensitive_call_places=False)
+    assert on.wide_sensitive_call_places
+    assert system in source_batch([(call, None)], on)["wide_idx"][0]
+    assert system not in source_batch([(call, None)], off)["wide_idx"][0]
+
+
 def test_the_sensitive_mark_names_the_files_place() -> None:
     """`sensitive_places`: a credential file's history entry also gets the mark with the
     file's place, in that entry's group, beside the plain mark; the places are told apart

@@ -78,6 +78,11 @@ class ModelConfig:
     #: key's is learned without the two sharing one key (False: the plain key only;
     #: docs/learning.md, "The sensitive mark's place").
     wide_sensitive_places: bool = True
+    #: ... and the call's own mark again with the file's place: a project's secret is read
+    #: freely, a system's or a home's credential file is not, and the plain mark, shared
+    #: by both, told an unseen one neither (False: the plain mark only; docs/learning.md,
+    #: "The call's sensitive mark with its place").
+    wide_sensitive_call_places: bool = True
     #: ... and a mark of this value when an argument's URL reaches a cloud metadata
     #: service or an unauthenticated control port, or a paste / file-drop host
     #: (engine/known_names.py `endpoint_kind`), the kind alone and keyed by tool and HTTP

@@ -183,7 +183,8 @@ def structured_features(context: str, history: Sequence[str] | None, buckets: in
                         known_scale: float = 0.0, sensitive_scale: float = 0.0,
                         endpoint_scale: float = 0.0, sql_scale: float = 0.0,
                         place_scale: float = 0.0, shape_hosts: bool = True,
-                        domain_scale: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+                        domain_scale: float = 0.0,
+                        sensitive_places: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Features of the call's parsed arguments and of the call x its history: (idx, val).
 
     Why, beside the byte n-grams (measured, docs/learning.md "Structured wide features"):
@@ -213,7 +214,11 @@ def structured_features(context: str, history: Sequence[str] | None, buckets: in
     - **Sensitive files** ``f|tool|key|sensitive`` (value `sensitive_scale`): a token of
       the argument names a file that holds credentials by convention (known_names.py
       `sensitive_file`): an unseen credential file (``~/.docker/config.json``) shares no
-      word with the trained ones.
+      word with the trained ones. With `sensitive_places` also
+      ``f|tool|key|sensitive|place`` of the same value (`path_place` of the marked token,
+      ``none`` for a bare name like ``.env``): a project's ``config/secrets.yml`` is read
+      freely where ``/etc/gshadow`` or ``~/.netrc`` is not, and the plain mark, shared by
+      both, says neither (docs/learning.md, "The call's sensitive mark with its place").
     - **Endpoint marks** ``e|kind`` and ``e|tool|method|kind`` (value `endpoint_scale`
       each): a URL among the arguments' tokens reaches a cloud metadata service or an
       unauthenticated control port (kind ``metadata``) or a paste / file-drop host
@@ -278,8 +283,13 @@ def structured_features(context: str, history: Sequence[str] | None, buckets: in
         out += _at_norm(marks, known_scale, buckets)
     if sensitive_scale > 0:
         for key, tokens in _string_tokens(args):
-            if any(sensitive_file(token) for token in tokens):
+            marked = [token for token in tokens if sensitive_file(token)]
+            if marked:
                 out.append((_bucket(f"f|{tool}|{key}|sensitive", buckets), sensitive_scale))
+            if marked and sensitive_places:
+                out += [(_bucket(f"f|{tool}|{key}|sensitive|{place}", buckets),
+                         sensitive_scale)
+                        for place in dict.fromkeys(path_place(t) or "none" for t in marked)]
     if endpoint_scale > 0:
         kinds: dict[str, None] = {}
         for _, tokens in _string_tokens(args):
