@@ -84,6 +84,44 @@ def test_platt_keeps_the_identity_when_a_stale_fit_would_hurt_the_newest_pairs()
     assert abs(cal2.b + 2.5) < 0.3
 
 
+def test_the_bounded_intercept_is_the_constrained_optimum_and_leaves_a_negative_one():
+    """`intercept_max` 0: on pairs whose best map has b > 0 the fit serves b = 0 and the
+    best slope given it (KKT: the loss's gradient in a is 0, in b it points up the bound:
+    the loss would fall only by raising b); on pairs whose best b is negative the bound
+    changes nothing."""
+    rng = np.random.default_rng(5)
+
+    def fitted(b_true: float, bound: float) -> PlattCalibrator:
+        cal = PlattCalibrator(size=4000, refit_every=10**9, min_samples=1, share_prior=0.0,
+                              intercept_max=bound)
+        for z in rng.normal(0, 3, 4000):  # no transformer part: d stays where it is
+            cal.update(z, float(rng.random() < 1 / (1 + np.exp(-(0.7 * z + b_true)))))
+        return cal
+
+    def unbounded(cal: PlattCalibrator) -> PlattCalibrator:
+        """The same pairs, fitted without the bound."""
+        free = PlattCalibrator(size=4000, refit_every=10**9, min_samples=1, share_prior=0.0)
+        for z, y in zip(cal.z, cal.y, strict=True):
+            free.update(z, y)
+        free.fit()
+        return free
+
+    cal = fitted(0.8, 0.0)
+    free = unbounded(cal)
+    cal.fit()
+    assert free.b > 0.5 and cal.b == 0.0
+    x, y, w = cal.pairs()
+    theta = np.array(cal.params)
+    u = x @ theta
+    grad = x.T @ (w * (1 / (1 + np.exp(-u)) - y)) / w.sum() + cal.l2 * (theta - cal._prior)
+    assert abs(grad[0]) < 1e-6 and grad[1] < -1e-3
+    assert cal._loss(theta, x, y, w) > cal._loss(np.array(free.params), x, y, w)
+
+    neg = fitted(-0.8, 0.0)
+    neg.fit()
+    assert neg.b < -0.5 and neg.params == unbounded(neg).params
+
+
 def test_a_correction_relabels_the_calibration_pairs_of_its_call():
     cal = PlattCalibrator(min_samples=10**9)
     cal.update(2.0, 1.0, b"call-a")  # the gate allowed call a...

@@ -81,7 +81,7 @@ class ModelConfig:
     #: ... and the call's own mark again with the file's place: a project's secret is read
     #: freely, a system's or a home's credential file is not, and the plain mark, shared
     #: by both, told an unseen one neither (False: the plain mark only; docs/learning.md,
-    #: "The call's sensitive mark with its place").
+    #: "Seed 4's dip at ~1,500: the call's sensitive mark with its place, ...").
     wide_sensitive_call_places: bool = True
     #: ... and a mark of this value when an argument's URL reaches a cloud metadata
     #: service or an unauthenticated control port, or a paste / file-drop host

@@ -218,7 +218,8 @@ def structured_features(context: str, history: Sequence[str] | None, buckets: in
       ``f|tool|key|sensitive|place`` of the same value (`path_place` of the marked token,
       ``none`` for a bare name like ``.env``): a project's ``config/secrets.yml`` is read
       freely where ``/etc/gshadow`` or ``~/.netrc`` is not, and the plain mark, shared by
-      both, says neither (docs/learning.md, "The call's sensitive mark with its place").
+      both, says neither (docs/learning.md, "Seed 4's dip at ~1,500: the call's
+      sensitive mark with its place, ...").
     - **Endpoint marks** ``e|kind`` and ``e|tool|method|kind`` (value `endpoint_scale`
       each): a URL among the arguments' tokens reaches a cloud metadata service or an
       unauthenticated control port (kind ``metadata``) or a paste / file-drop host

@@ -52,11 +52,24 @@ class PlattCalibrator:
     them learns the base rate as an intercept (b = +1.29, a = 0.45 at 500 signals, seed 5)
     and serves it to a model that has since learned: block recall on unseen values 0.22
     where the logits alone gave 0.94.
+
+    `intercept_max`: the same happens later, more mildly: in the first few thousand
+    signals the logits near 0 on the stream are mostly allowed calls the model has not yet
+    learned to be sure of, so the fit's intercept comes out positive (+0.2..+0.4) and
+    moves every call near 0 towards "allow" -- also the blocks with values never seen,
+    whose logits are near 0 for the opposite reason (docs/learning.md, "Seed 4's dip at
+    ~1,500: ..., the calibration's intercept at most 0"). With `intercept_max` 0 the map
+    can only sharpen, soften or move decisions towards "block".
     """
 
     def __init__(self, size: int = 2000, refit_every: int = 50, min_samples: int = 500,
-                 l2: float = 1e-3, share_prior: float = 1.0, burn_in: int = 0) -> None:
+                 l2: float = 1e-3, share_prior: float = 1.0, burn_in: int = 0,
+                 intercept_max: float = math.inf) -> None:
         self.size, self.refit_every, self.min_samples, self.l2 = size, refit_every, min_samples, l2
+        #: the largest intercept b a fit may serve: the fit is the constrained optimum of
+        #: the same loss (`_fit_bounded`). 0: the map never moves a decision towards
+        #: "allow" (a logit below 0 stays a block); why: the class docstring's last part
+        self.intercept_max = float(intercept_max)
         #: pairs not kept at the start, and how many pairs this calibrator has been offered
         self.burn_in, self.seen = burn_in, 0
         self.z: deque[float] = deque(maxlen=size)
@@ -134,17 +147,28 @@ class PlattCalibrator:
         every pair."""
         x, y, w = self.pairs()
         k = (3 * y.size) // 4
-        trial = self._clip(self._newton(x[:k], y[:k], w[:k],
-                                        np.array([self.a, self.b, self.d]), iters))
+        start = np.array([self.a, min(self.b, self.intercept_max), self.d])
+        trial = self._fit_bounded(x[:k], y[:k], w[:k], start, iters)
         if (self._loss(trial, x[k:], y[k:], w[k:])
                 < self._loss(self._prior, x[k:], y[k:], w[k:])):
-            theta = self._clip(self._newton(x, y, w, trial, iters))
+            theta = self._fit_bounded(x, y, w, trial, iters)
         else:
             theta = self._prior
         a, b, d = (float(t) for t in theta)
         if math.isfinite(a) and math.isfinite(b) and math.isfinite(d) and a > 0:
             self.a, self.b, self.d = a, b, d  # (a > 0: never invert the gate)
         self._since_fit = 0
+
+    def _fit_bounded(self, x: np.ndarray, y: np.ndarray, w: np.ndarray, theta: np.ndarray,
+                     iters: int) -> np.ndarray:
+        """The fit with b <= `intercept_max`: the loss is convex, so when the free optimum
+        has b above the bound the bounded one has b on it, and Newton over (a, d) with b
+        held there finds it."""
+        theta = self._clip(self._newton(x, y, w, theta, iters))
+        if theta[1] > self.intercept_max:
+            theta = np.array([theta[0], self.intercept_max, theta[2]])
+            theta = self._clip(self._newton(x, y, w, theta, iters, free=(0, 2)))
+        return theta
 
     @staticmethod
     def _clip(theta: np.ndarray) -> np.ndarray:
@@ -161,17 +185,20 @@ class PlattCalibrator:
                      + 0.5 * self.l2 * np.sum((t - self._prior) ** 2))
 
     def _newton(self, x: np.ndarray, y: np.ndarray, w: np.ndarray, theta: np.ndarray,
-                iters: int) -> np.ndarray:
-        """Damped Newton on `_loss`: each step is halved until the loss falls, so it
-        converges from any start."""
+                iters: int, free: tuple[int, ...] = (0, 1, 2)) -> np.ndarray:
+        """Damped Newton on `_loss` over the parameters `free` (the others held where
+        `theta` has them): each step is halved until the loss falls, so it converges from
+        any start."""
         current = self._loss(theta, x, y, w)
-        ridge = self.l2 * np.eye(x.shape[1])
+        ridge = self.l2 * np.eye(len(free))
         total = np.sum(w)
+        f = list(free)
         for _ in range(iters):
             p = _sigmoid(x @ theta)
             g = x.T @ (w * (p - y)) / total + self.l2 * (theta - self._prior)
-            h = (x * (w * p * (1.0 - p))[:, None]).T @ x / total + ridge
-            step = np.linalg.solve(h, g)
+            h = (x * (w * p * (1.0 - p))[:, None]).T @ x / total
+            step = np.zeros_like(theta)
+            step[f] = np.linalg.solve(h[np.ix_(f, f)] + ridge, g[f])
             t = 1.0
             while t > 1e-6 and self._loss(theta - t * step, x, y, w) > current:
                 t *= 0.5

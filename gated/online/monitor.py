@@ -30,6 +30,9 @@ class MonitorSettings:
     #: the first pairs of a fresh state, which the calibration map never sees (scored by a
     #: model that had barely begun: online/calibration.py `PlattCalibrator`)
     calibration_burn_in: int = 500
+    #: the largest intercept the calibration map may serve (online/calibration.py
+    #: `PlattCalibrator`): 0, it never moves a decision towards "allow"; inf: unbounded
+    calibration_intercept_max: float = 0.0
     drift_delta: float = 0.01
     drift_threshold: float = 12.0
     drift_min_samples: int = 200
@@ -74,7 +77,8 @@ class Monitor:
         self.corrected = CorrectedAlignment(s.window)
         self.calibrator = PlattCalibrator(size=s.calibration_window,
                                           share_prior=s.transformer_share_prior,
-                                          burn_in=s.calibration_burn_in)
+                                          burn_in=s.calibration_burn_in,
+                                          intercept_max=s.calibration_intercept_max)
         self.drift = PageHinkley(s.drift_delta, s.drift_threshold, s.drift_min_samples)
         self.allow_guard = PageHinkley(s.allow_guard_delta, s.allow_guard_threshold,
                                        s.allow_guard_min_samples, memory=200)
