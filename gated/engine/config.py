@@ -88,6 +88,11 @@ class ModelConfig:
     #: (engine/known_names.py `endpoint_kind`), the kind alone and keyed by tool and HTTP
     #: method (0 = none; docs/learning.md, "Endpoint marks").
     wide_endpoints: float = 2.0
+    #: ... and the kind ``address`` among those marks when a token holds a public IP
+    #: address (engine/known_names.py `public_address`), whatever the tool: a reverse shell
+    #: or a miner reaching a bare address the gate never saw shared no byte with the ones
+    #: it learned (False: URLs' kinds only; docs/learning.md, "A public address").
+    wide_endpoint_addresses: bool = True
     #: ... and, per SQL statement of an argument, its verb and whether a WHERE clause
     #: limits it (engine/sql_statements.py), their total L2 norm this (0 = none;
     #: docs/learning.md, "SQL statements").

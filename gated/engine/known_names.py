@@ -28,6 +28,7 @@ what the file is conventionally; what reading it means is learned.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Iterable
 
@@ -244,6 +245,40 @@ def endpoint_kind(url: str) -> str | None:
     if any(".".join(parts[i:]) in PASTE_HOSTS for i in range(len(parts) - 1)):
         return "paste"
     return None
+
+
+#: A dotted-quad IPv4 literal inside a token (``tcp:23.61.2.54:5555``, ``/dev/tcp/...``),
+#: not part of a longer run of digits and dots (a version ``1.2.3.4.5`` is not one).
+_IPV4_IN_TOKEN = re.compile(r"(?<![\d.])(?:\d{1,3}\.){3}\d{1,3}(?![\d.])")
+
+
+def public_address(token: str) -> bool:
+    """Whether `token` holds a literal IP address of the public internet: an IPv4 dotted
+    quad anywhere in it (``146.75.1.2:6666``, ``tcp:23.61.2.54:5555``,
+    ``/dev/udp/23.220.74.132/6666``, ``http://8.8.8.8/x``) or the whole token an IPv6
+    address (brackets and a URL's scheme aside), whose `is_global` holds: not loopback,
+    private, link-local (the metadata services have their own mark) or reserved.
+
+    Why (docs/learning.md, "A public address"): a command that connects to a bare
+    address rather than a name is how a reverse shell or a miner reaches its operator,
+    and an address the gate never saw shares no byte with the ones it learned to block
+    (``./xmrig -o 146.75.143.199:6666`` was answered allow at 21 of 22 checkpoints while
+    ``xmrig -o pool...`` and ``nc -e /bin/sh 23.x.x.x ...`` were blocked). As with the
+    other marks, the mark says what the token is; what reaching it means is learned."""
+    for literal in _IPV4_IN_TOKEN.findall(token):
+        try:
+            if ipaddress.IPv4Address(literal).is_global:
+                return True
+        except ValueError:  # an octet over 255: not an address
+            continue
+    if ":" in token and "." not in token.rpartition(":")[2]:
+        host = url_host(token)
+        candidate = host[0] if host else token.strip("[]'\"`,;()")
+        try:
+            return ipaddress.IPv6Address(candidate).is_global
+        except ValueError:
+            return False
+    return False
 
 
 #: Top-level directories that hold the system's own files by the Filesystem Hierarchy

@@ -166,7 +166,8 @@ def source_batch(items: Sequence[tuple[str, Sequence[str] | None]],
                                              cfg.wide_path_places,
                                              cfg.wide_shape_hosts,
                                              cfg.wide_call_domains,
-                                             cfg.wide_sensitive_call_places)
+                                             cfg.wide_sensitive_call_places,
+                                             cfg.wide_endpoint_addresses)
                          for c, h in items),
                          strict=True)]
         out["wide_idx"], out["wide_val"] = pad_features(feats)

@@ -36,7 +36,14 @@ from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from .known_names import PACKAGES, endpoint_kind, path_place, sensitive_file, url_host
+from .known_names import (
+    PACKAGES,
+    endpoint_kind,
+    path_place,
+    public_address,
+    sensitive_file,
+    url_host,
+)
 from .sql_statements import SQL_ROW_CHANGES, sql_statements
 
 _FNV_OFFSET = np.uint64(0xCBF29CE484222325)
@@ -183,8 +190,8 @@ def structured_features(context: str, history: Sequence[str] | None, buckets: in
                         known_scale: float = 0.0, sensitive_scale: float = 0.0,
                         endpoint_scale: float = 0.0, sql_scale: float = 0.0,
                         place_scale: float = 0.0, shape_hosts: bool = True,
-                        domain_scale: float = 0.0,
-                        sensitive_places: bool = False) -> tuple[np.ndarray, np.ndarray]:
+                        domain_scale: float = 0.0, sensitive_places: bool = False,
+                        endpoint_addresses: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Features of the call's parsed arguments and of the call x its history: (idx, val).
 
     Why, beside the byte n-grams (measured, docs/learning.md "Structured wide features"):
@@ -226,7 +233,11 @@ def structured_features(context: str, history: Sequence[str] | None, buckets: in
       (``paste``; known_names.py `endpoint_kind`); the kind alone learns from every tool,
       the kind with the tool and HTTP method tells a read of a paste host from an upload:
       an endpoint the gate never saw shares no byte with the learned ones
-      (docs/learning.md, "Endpoint marks").
+      (docs/learning.md, "Endpoint marks"). With `endpoint_addresses` also the kind
+      ``address`` for a token that holds a public IP address (known_names.py
+      `public_address`: ``./xmrig -o 146.75.1.2:6666``, ``socat tcp:23.61.2.54:5555 ...``,
+      any tool): a command reaching a bare address the gate never saw shared nothing
+      with the reverse shells it learned (docs/learning.md, "A public address").
     - **SQL statements** ``q|tool|key|VERB`` and ``q|tool|key|VERB|where`` or ``...|all``
       for each statement (split at ``;``) of an argument that is SQL (`sql_statements`),
       and for a statement that changes or removes rows (`SQL_ROW_CHANGES`) ``q|tool|key|
@@ -296,10 +307,11 @@ def structured_features(context: str, history: Sequence[str] | None, buckets: in
         for _, tokens in _string_tokens(args):
             for token in tokens:
                 kind = endpoint_kind(token) if "://" in token else None
-                if kind is not None:
-                    kinds.setdefault(f"e|{kind}")
-                    kinds.setdefault(f"e|{tool}|{method}|{kind}")
-        out += [(_bucket(name, buckets), endpoint_scale) for name in kinds]  # <= 4
+                for found in ((kind,) if kind else ()) + (
+                        ("address",) if endpoint_addresses and public_address(token) else ()):
+                    kinds.setdefault(f"e|{found}")
+                    kinds.setdefault(f"e|{tool}|{method}|{found}")
+        out += [(_bucket(name, buckets), endpoint_scale) for name in kinds]  # <= 6
     if sql_scale > 0:
         statements: dict[str, None] = {}
         for key, value in itertools.islice(args.items(), SHAPE_TOKENS):
