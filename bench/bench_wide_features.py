@@ -103,7 +103,12 @@ read in the window -- and their allow twins apart).
         --switch-at 4000 --every 500 --init-seed -1 --second-look 200 --pair-hold 3 \
         --drift-relax 1 --drift-bag-all 500 \
         --grid 0.3,0.3,1e-3,8,0.1,0.5,1,0.5,0.1,0,-1,1,4,1,1,2,1,0.5,1,1,1,0.3,0.0625,1,4
-        # every member learns after a drift alarm (kept: today's defaults)
+        # every member learns after a drift alarm (kept)
+    .venv/bin/python bench/bench_wide_features.py --seeds 0 1 2 3 4 5 --signals 10000 \
+        --switch-at 4000 --every 500 --init-seed -1 --second-look 200 --pair-hold 3 \
+        --drift-relax 1 --drift-bag-all 500 --early-block 2:2000 --call-mark-places \
+        --grid 0.3,0.3,1e-3,8,0.1,0.5,1,0.5,0.1,0,-1,1,4,1,1,2,1,0.5,1,1,1,0.3,0.0625,1,4 \
+        [--endpoint-addresses]   # the public address mark (kept: today's defaults)
 """
 
 from __future__ import annotations

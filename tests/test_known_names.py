@@ -182,13 +182,20 @@ def test_the_calls_sensitive_mark_names_the_files_place() -> None:
     assert both == {_bucket("f|shell.exec|cmd|sensitive", n): 4.0,
                     _bucket("f|shell.exec|cmd|sensitive|system", n): 4.0,
                     _bucket("f|shell.exec|cmd|sensitive|home-dot", n): 4.0}
-    call = _call("fs.read", path="/etc/gshadow")
-    system = _bucket("f|fs.read|path|sensitive|system", ModelConfig.flint().wide_buckets)
+    _assert_the_batch_carries_it_by_default(_call("fs.read", path="/etc/gshadow"),
+                                            "f|fs.read|path|sensitive|system",
+                                            "wide_sensitive_call_places")
+
+
+def _assert_the_batch_carries_it_by_default(call: str, name: str, switch: str) -> None:
+    """The model's batch for `call` holds the feature `name` under flint's defaults (where
+    the boolean ModelConfig field `switch` is on) and not with `switch` off."""
     on = ModelConfig.flint()
-    off = dataclasses.replace(on, wide_sensitive_call_places=False)
-    assert on.wide_sensitive_call_places
-    assert system in source_batch([(call, None)], on)["wide_idx"][0]
-    assert system not in source_batch([(call, None)], off)["wide_idx"][0]
+    mark = _bucket(name, on.wide_buckets)
+    off = dataclasses.replace(on, **{switch: False})
+    assert getattr(on, switch)
+    assert mark in source_batch([(call, None)], on)["wide_idx"][0]
+    assert mark not in source_batch([(call, None)], off)["wide_idx"][0]
 
 
 def test_the_sensitive_mark_names_the_files_place() -> None:
@@ -484,12 +491,7 @@ def test_the_endpoint_marks_kind_address_names_a_public_address_in_any_tool() ->
     assert marks(_call("shell.exec", cmd="nc -zv 10.0.0.7 5432")) == []
     assert marks(miner, on=False) == []
     assert marks(post, on=False) == kind("metadata", "http.request", "POST")
-    mark = _bucket("e|address", ModelConfig.flint().wide_buckets)
-    on = ModelConfig.flint()
-    off = dataclasses.replace(on, wide_endpoint_addresses=False)
-    assert on.wide_endpoint_addresses
-    assert mark in source_batch([(miner, None)], on)["wide_idx"][0]
-    assert mark not in source_batch([(miner, None)], off)["wide_idx"][0]
+    _assert_the_batch_carries_it_by_default(miner, "e|address", "wide_endpoint_addresses")
 
 
 def test_every_blocked_endpoint_of_the_traffic_pools_has_its_mark() -> None:
