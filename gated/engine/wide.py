@@ -307,10 +307,11 @@ def structured_features(context: str, history: Sequence[str] | None, buckets: in
         for _, tokens in _string_tokens(args):
             for token in tokens:
                 kind = endpoint_kind(token) if "://" in token else None
-                for found in ((kind,) if kind else ()) + (
-                        ("address",) if endpoint_addresses and public_address(token) else ()):
-                    kinds.setdefault(f"e|{found}")
-                    kinds.setdefault(f"e|{tool}|{method}|{found}")
+                address = "address" if endpoint_addresses and public_address(token) else None
+                for found in (kind, address):
+                    if found is not None:
+                        kinds.setdefault(f"e|{found}")
+                        kinds.setdefault(f"e|{tool}|{method}|{found}")
         out += [(_bucket(name, buckets), endpoint_scale) for name in kinds]  # <= 6
     if sql_scale > 0:
         statements: dict[str, None] = {}
