@@ -36,8 +36,10 @@ import dataclasses
 import json
 import os
 import platform
+import signal
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -54,6 +56,11 @@ from gated.store import Store  # noqa: E402
 from gated.traffic import GatewayTraffic  # noqa: E402
 
 CHECK_EVERY = 500
+#: Set by SIGTERM (`timeout`, a device call's deadline): the stream ends where it is, the
+#: signals already produced are trained and scored, and the run prints its last checkpoint
+#: and its summary instead of dying with neither (2026-11-28: four GPU runs cut by their
+#: `timeout` at ~6,500 of 8,000 signals left their tables without a summary).
+STOP = threading.Event()
 #: Model variants for the ablation (DESIGN.md section 1's revision).
 VARIANTS = {
     "v2": {},  # format 2 + the wide path: the default
@@ -205,6 +212,7 @@ def run(preset: str, lr: float, rate: float, n_signals: int, switch_at: int, see
         clock, produced, steps, trained_examples = 0.0, 0, 0, 0
         next_check = CHECK_EVERY
         max_queue = 0
+        stopped_at: tuple[int, int] | None = None  # (signals produced, asked for) on SIGTERM
         # --trace: one JSON line per ordinary signal scored (why a checkpoint was lost)
         trace_file = open(trace, "w", buffering=1) if trace else None  # noqa: SIM115
 
@@ -247,11 +255,14 @@ def run(preset: str, lr: float, rate: float, n_signals: int, switch_at: int, see
         trainer.use_clock(virtual_now)
         trainer.before_turn = lambda: produce(virtual_now())
         while True:
+            if STOP.is_set() and produced < n_signals:
+                print(f"(stopped by SIGTERM after {produced} of {n_signals} signals: the "
+                      f"last checkpoint and the summary cover what ran)", flush=True)
+                stopped_at, n_signals = (produced, n_signals), produced
             produce(clock)
             fresh = store.read_signals(trainer.status.last_trained_seq, settings.fresh_per_step)
-            if not fresh and not trainer.candidates_waiting:
-                if produced >= n_signals:
-                    break
+            idle = not fresh and not trainer.candidates_waiting
+            if idle and produced < n_signals:
                 # idle until the next signal is due: the daemon's loop publishes meanwhile,
                 # as soon as a swap is due
                 arrival = produced / rate
@@ -260,11 +271,16 @@ def run(preset: str, lr: float, rate: float, n_signals: int, switch_at: int, see
                 trainer.publish_if_due()
                 clock = max(arrival, virtual_now())
                 continue
+            if idle and (stopped_at is None or not scored
+                         or (rows and rows[-1]["n"] == len(scored))):
+                break  # the end: the last train_on made the last checkpoint
+            # (idle here only when SIGTERM cut the stream after its last step: the
+            # checkpoint below is the run's last)
             t0, step_clock = time.perf_counter(), clock
-            info = trainer.train_on(fresh, turns=settings.wide_turns)
+            info = None if idle else trainer.train_on(fresh, turns=settings.wide_turns)
             clock += time.perf_counter() - t0
             steps += info is not None
-            for seq, p, z, z_deep, allow_open in trainer.last_scores:
+            for seq, p, z, z_deep, allow_open in [] if idle else trainer.last_scores:
                 ev = events.pop(seq)
                 pa = anchor_p.pop(seq)
                 if not ev.is_correction:
@@ -338,7 +354,7 @@ def run(preset: str, lr: float, rate: float, n_signals: int, switch_at: int, see
     y = np.array([float(t) for _, t in tail])
     allow_band = y[(p >= serving.bands.allow) & np.array(served_open[-2000:], dtype=bool)]
     return {"preset": preset, "variant": variant, "lr": lr, "rows": rows, "steps": steps,
-            "virtual_s": round(clock, 1), "max_queue": max_queue,
+            "virtual_s": round(clock, 1), "max_queue": max_queue, "stopped_at": stopped_at,
             "final_queue": queue_trace[-1][1] if queue_trace else 0,
             "ece_true": expected_calibration_error(p, y), "brier_true": brier_score(p, y),
             "allow_band_precision": float(allow_band.mean()) if allow_band.size else float("nan"),
@@ -564,6 +580,8 @@ def summary(r: dict) -> list[str]:
         "open]: ".format(*r["allow_band_wait"])
         + "; ".join(f"{k} {a} / {b} [{c} / {d}] of {n}"
                     for k, (a, b, c, d, n) in r["allow_band_phases"].items()),
+        *([f"- cut short by SIGTERM after {r['stopped_at'][0]:,} of {r['stopped_at'][1]:,} "
+           f"signals"] if r.get("stopped_at") else []),
         f"- keeping up: {r['steps']} steps in {r['virtual_s']} s of virtual time, queue max "
         f"{r['max_queue']}, at the end {r['final_queue']} signals",
         "- drift alarms (signal where the change began, by the estimate; verdict after the "
@@ -597,6 +615,7 @@ def main() -> None:
     ap.add_argument("--write", action="store_true", help="record in docs/benchmarks.md")
     ap.add_argument("--section", default=None, help="heading suffix for docs/benchmarks.md")
     a = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: STOP.set())
     types = {f.name: type(getattr(TrainConfig(), f.name)) for f in dataclasses.fields(TrainConfig)}
     overrides = {k: _setting(types[k], v) for k, v in (kv.split("=", 1) for kv in a.set)}
     machine = (f"{platform.machine()}, {len(os.sched_getaffinity(0))} cores, Python "
@@ -608,11 +627,16 @@ def main() -> None:
     out = [head, ""]
     for variant in a.variant or ["v2"]:
         for lr in a.lr:
+            if STOP.is_set():
+                break  # SIGTERM: the run it cut short has printed its summary
             title = f"{a.preset}, {variant}, lr {lr:g}" + "".join(f", {kv}" for kv in a.set)
             print(f"\n### {title}\n\n{TABLE_HEAD}", flush=True)
             t0 = time.time()
             r = run(a.preset, lr, a.rate, a.signals, a.switch_at, a.seed, variant, a.probes,
                     settings_kw=overrides, backend=a.backend, trace=a.trace)
+            if not r["rows"]:
+                print("(stopped by SIGTERM before a signal was scored: nothing to summarise)")
+                break
             lines = summary(r) + [""] + by_category(r)
             print("\n".join(lines), f"\n(wall {time.time() - t0:.0f} s)", flush=True)
             out += [f"### {title}", "", TABLE_HEAD,
