@@ -47,6 +47,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from anchor import HashedNgramLR, anchor_text, label_weight  # noqa: E402
+from learning_report import TABLE_HEAD, by_category, row_text, summary  # noqa: E402
 
 from gated.config import TrainConfig  # noqa: E402
 from gated.daemon.trainer import TrainerEvents, build_trainer  # noqa: E402
@@ -338,7 +339,7 @@ def run(preset: str, lr: float, rate: float, n_signals: int, switch_at: int, see
                                            for c, (n, acc) in pr_g["unseen_by_category"].items()},
                     **{k: round(v, 4) for k, v in trainer.monitor.stats().items()},
                 })
-                print(_row_text(rows[-1]), flush=True)
+                print(row_text(rows[-1]), flush=True)
                 next_check += CHECK_EVERY
                 if produced >= n_signals and not events:
                     break
@@ -426,15 +427,6 @@ def _paired(g: list[tuple[float, bool]], a: list[tuple[float, bool]]) -> dict[st
             "losses": sum(z and not x for x, z in zip(right_g, right_a, strict=True))}
 
 
-def _significant(r: dict) -> int:
-    """+1 / -1 when gated is ahead / behind the anchor at this checkpoint by more than two
-    standard errors of McNemar's statistic, |wins - losses| > 2 sqrt(wins + losses); else 0."""
-    w, lo = r["wins"], r["losses"]
-    if abs(w - lo) <= 2 * np.sqrt(w + lo):
-        return 0
-    return 1 if w > lo else -1
-
-
 def _parts_alone(window: list[tuple[float, float, bool]]) -> dict[str, float]:
     """Alignment of the serving logit with one part held at its mean over the window:
     does the other part's variation decide calls right? (The split of the bias between
@@ -443,155 +435,6 @@ def _parts_alone(window: list[tuple[float, float, bool]]) -> dict[str, float]:
     return {"wide_alone": float(np.mean((wide + deep.mean() >= 0) == (y > 0.5))),
             "deep_alone": float(np.mean((deep + wide.mean() >= 0) == (y > 0.5)))}
 
-
-def _row_text(r: dict) -> str:
-    return (f"| {r['n']} | {r['policy']} | {r['gated']:.3f} | {r['anchor']:.3f} | "
-            f"{r['gated_uncalibrated']:.3f} | {r['wide_alone']:.3f} / {r['deep_alone']:.3f} | "
-            f"{r['gated_block_recall']:.2f} | {r['probe_unseen']:.3f} / "
-            f"{r['probe_unseen_anchor']:.3f} | {r.get('probe_unseen_raw', float('nan')):.3f} / "
-            f"{r.get('probe_unseen_wide', float('nan')):.3f} | "
-            f"{r['probe_history']:.3f} / {r['probe_history_anchor']:.3f} / "
-            f"{r.get('probe_history_raw', float('nan')):.3f} / "
-            f"{r.get('probe_history_wide', float('nan')):.3f} / "
-            f"{r.get('probe_history_live', float('nan')):.3f} | {r['ece']:.3f} | "
-            f"{r['probe_unseen_block_recall']:.2f} | {_share(r):.2f} | {r['queue']} | "
-            f"{r['virtual_s']} |")
-
-
-def _share(r: dict) -> float:
-    """The transformer's share of the served logit, (a + d) / a (online/calibration.py)."""
-    return (r["calibration_a"] + r.get("calibration_d", 0.0)) / r["calibration_a"]
-
-
-TABLE_HEAD = ("| ordinary signals scored | policy | gated, last 500 vs TRUE | anchor, last 500 | "
-              "gated before calibration | wide part / transformer part, the other at its mean | "
-              "gated block recall | unseen-value probes gated / "
-              "anchor | unseen, gated before calibration / wide part alone | history-rule "
-              "probes gated / anchor / before calibration / wide logit alone / the trainer's "
-              "wide learner | ECE (vs "
-              "signal labels) | block recall on unseen | "
-              "transformer's share | queue | virtual s |\n"
-              "| ---: | --- | ---: | ---: | ---: | --- | ---: | --- | ---: | --- | ---: | ---: "
-              "| ---: | ---: | ---: |")
-
-
-def by_category(r: dict) -> list[str]:
-    """The unseen-value probes by TRUE category, at the last checkpoint before the change,
-    at the end, and at every checkpoint where block recall on them fell below 0.90: which
-    categories' held-out values the gate generalises to, and which it missed where the
-    target was missed (some held-out values share nothing a learner could read with the
-    trained ones: a typo of a package name that never appears in the stream, a paste host
-    with a new name)."""
-    rows, switch = r["rows"], r["switch_at"]
-    pre = [x for x in rows if x["n"] <= switch]
-    points = [x for x in rows if x is rows[-1] or (pre and x is pre[-1])
-              or x["probe_unseen_block_recall"] < 0.90]
-    head = " | ".join(f"@{x['n']} ({x['policy']}) gated / anchor" for x in points)
-    out = [f"| unseen-value probes by TRUE category (n at the end) | {head} |",
-           "| --- |" + " --- |" * len(points)]
-    for cat in sorted(rows[-1]["unseen_by_category"], key=lambda c: (c != "allow", c)):
-        cells = []
-        for x in points:
-            n, g, a = x["unseen_by_category"].get(cat, (0, float("nan"), float("nan")))
-            cells.append(f"{g:.2f} / {a:.2f}" if n else "-")
-        out.append(f"| {cat} ({rows[-1]['unseen_by_category'][cat][0]}) | {' | '.join(cells)} |")
-    return out
-
-
-def _every_checkpoint(rows: list[dict], settled: int = 2000) -> str:
-    """The probes over all checkpoints, not at one: a single checkpoint's history-rule
-    figure is one draw from a wide spread (docs/learning.md, "The wide path's rate"), so a
-    comparison between runs reads these counts and means as well. The history rule's mean
-    is given per policy (after the change its probes are e-mail only), before the change
-    from `settled` signals on."""
-    def worst(key: str) -> str:
-        x = min(rows, key=lambda x: x[key])
-        return f"lowest {x[key]:.3f} at {x['n']}"
-
-    def mean(part: list[dict]) -> str:
-        return (f"{np.mean([x['probe_history'] for x in part]):.3f} (anchor "
-                f"{np.mean([x['probe_history_anchor'] for x in part]):.3f})" if part else "-")
-    first = rows[0]["policy"]
-    before = [x for x in rows if x["policy"] == first and x["n"] >= settled]
-    after = [x for x in rows if x["policy"] != first]
-
-    def halves(key: str) -> str:
-        return " / ".join(f"{np.mean([x[key] for x in part]):.3f}" if part else "-"
-                          for part in (before, after))
-    return (f"- over all {len(rows)} checkpoints: unseen-value probes >= 0.90 at "
-            f"{sum(x['probe_unseen'] >= 0.90 for x in rows)} ({worst('probe_unseen')}), "
-            f"block recall on them >= 0.90 at "
-            f"{sum(x['probe_unseen_block_recall'] >= 0.90 for x in rows)} "
-            f"({worst('probe_unseen_block_recall')}); "
-            f"history rule >= 0.90 at {sum(x['probe_history'] >= 0.90 for x in rows)} "
-            f"({worst('probe_history')}), its mean before the change from {settled} signals "
-            f"on {mean(before)}, after it {mean(after)}; its block members (the secret read "
-            f"in the window) >= 0.90 at {sum(x['probe_history_block'] >= 0.90 for x in rows)}"
-            f", mean before / after the change {halves('probe_history_block')}, their allow "
-            f"twins {halves('probe_history_twins')}")
-
-
-def _right_after(r: dict) -> list[str]:
-    """The first checkpoint after the change beside what answering as before would score
-    there (`Probes.changed_share`)."""
-    after = [x for x in r["rows"] if x["n"] > r["switch_at"]]
-    if not after or r.get("probes_changed") is None:
-        return []
-    x, changed = after[0], r["probes_changed"]
-    return [f"- the first checkpoint after the change, {x['n'] - r['switch_at']} signals "
-            f"in: the change flipped the TRUE label of {100 * changed:.0f}% of the "
-            f"unseen-value probes, so answering every one as before it scores "
-            f"{1 - changed:.3f}; gated {x['probe_unseen']:.3f}, the anchor "
-            f"{x['probe_unseen_anchor']:.3f}"]
-
-
-def summary(r: dict) -> list[str]:
-    rows, switch = r["rows"], r["switch_at"]
-    beats = all(x["gated"] > x["anchor"] for x in rows)
-    first95 = next((x["n"] for x in rows if x["n"] <= switch and x["gated"] >= 0.95), None)
-    back95 = next((x["n"] - switch for x in rows if x["n"] > switch and x["gated"] >= 0.95),
-                  None)
-    pre = [x for x in rows if x["n"] <= switch]
-    last_pre = pre[-1] if pre else rows[-1]
-    return [
-        f"- gated ahead of the anchor at every checkpoint: **{'yes' if beats else 'no'}** "
-        f"({sum(x['gated'] > x['anchor'] for x in rows)} of {len(rows)})",
-        f"- paired with the anchor on the same signals (McNemar, two standard errors): "
-        f"significantly ahead at {sum(_significant(x) > 0 for x in rows)}, significantly "
-        f"behind at {sum(_significant(x) < 0 for x in rows)} of {len(rows)} checkpoints; "
-        f"where behind: " + (", ".join(f"{x['n']} ({x['wins']} won / {x['losses']} lost)"
-                                      for x in rows if x["gated"] <= x["anchor"]) or "none"),
-        f"- first checkpoint with >= 0.95 over the last 500: "
-        f"**{first95 if first95 is not None else 'not reached'}** signals (target <= 4000)",
-        f"- back to >= 0.95 after the policy change: **"
-        f"{back95 if back95 is not None else 'not within the run'}** signals (target <= 3000)",
-        f"- before the change: unseen-value probes {last_pre['probe_unseen']:.3f} (anchor "
-        f"{last_pre['probe_unseen_anchor']:.3f}), block recall on them "
-        f"{last_pre['probe_unseen_block_recall']:.3f}; history-rule probes "
-        f"{last_pre['probe_history']:.3f} (anchor {last_pre['probe_history_anchor']:.3f})",
-        _every_checkpoint(rows),
-        *_right_after(r),
-        f"- last 2000 scored, against the TRUE label: ECE {r['ece_true']:.3f}, Brier "
-        f"{r['brier_true']:.3f}, allow-band precision {r['allow_band_precision']:.4f} "
-        f"({100 * r['allow_band_share']:.0f}% of calls in the allow band)",
-        "- the allow band, TRUE blocks answered `allow` / calls answered `allow`, as served "
-        "(closed until {} scored and for {} after an alarm of the drift detector or the allow "
-        "band's guard) and [with the band always "
-        "open]: ".format(*r["allow_band_wait"])
-        + "; ".join(f"{k} {a} / {b} [{c} / {d}] of {n}"
-                    for k, (a, b, c, d, n) in r["allow_band_phases"].items()),
-        *([f"- cut short by SIGTERM after {r['stopped_at'][0]:,} of {r['stopped_at'][1]:,} "
-           f"signals"] if r.get("stopped_at") else []),
-        f"- keeping up: {r['steps']} steps in {r['virtual_s']} s of virtual time, queue max "
-        f"{r['max_queue']}, at the end {r['final_queue']} signals",
-        "- drift alarms (signal where the change began, by the estimate; verdict after the "
-        "corrections of the wait): " + (", ".join(
-            f"{b:,} " + (f"confirmed, {d:,} replay examples dropped" if c
-                         else "withdrawn, replay kept") for b, c, d in r.get("drifts", []))
-            or "none")
-        + "; the allow band's guard: {:.0f} alarms".format(
-            r["rows"][-1].get("allow_guard_alarms", 0)),
-    ]
 
 
 def main() -> None:
@@ -640,7 +483,7 @@ def main() -> None:
             lines = summary(r) + [""] + by_category(r)
             print("\n".join(lines), f"\n(wall {time.time() - t0:.0f} s)", flush=True)
             out += [f"### {title}", "", TABLE_HEAD,
-                    *(_row_text(x) for x in r["rows"]), "", *lines, ""]
+                    *(row_text(x) for x in r["rows"]), "", *lines, ""]
     if a.write:
         from docs_section import write_section
 
