@@ -57,9 +57,9 @@ from gated.store import Store  # noqa: E402
 from gated.traffic import GatewayTraffic  # noqa: E402
 
 CHECK_EVERY = 500
-#: Set by SIGTERM (`timeout`, a device call's deadline): the stream ends where it is, the
-#: signals already produced are trained and scored, and the run prints its last checkpoint
-#: and its summary instead of dying with neither (2026-11-28: four GPU runs cut by their
+#: Set by SIGTERM (`timeout`, a device call's deadline): the stream ends after the next
+#: signal, as a shorter stream would, and the run prints its last checkpoint and its
+#: summary instead of dying with neither (2026-11-28: four GPU runs cut by their
 #: `timeout` at ~6,500 of 8,000 signals left their tables without a summary).
 STOP = threading.Event()
 #: Model variants for the ablation (DESIGN.md section 1's revision).
@@ -256,14 +256,17 @@ def run(preset: str, lr: float, rate: float, n_signals: int, switch_at: int, see
         trainer.use_clock(virtual_now)
         trainer.before_turn = lambda: produce(virtual_now())
         while True:
-            if STOP.is_set() and produced < n_signals:
-                print(f"(stopped by SIGTERM after {produced} of {n_signals} signals: the "
-                      f"last checkpoint and the summary cover what ran)", flush=True)
-                stopped_at, n_signals = (produced, n_signals), produced
+            if STOP.is_set() and stopped_at is None and produced + 1 < n_signals:
+                # one more signal, so that the stream ends as every stream does: its last
+                # train_on makes the last checkpoint
+                stopped_at, n_signals = (produced + 1, n_signals), produced + 1
+                print(f"(stopped by SIGTERM after {n_signals} of {stopped_at[1]} signals: "
+                      f"the last checkpoint and the summary cover what ran)", flush=True)
             produce(clock)
             fresh = store.read_signals(trainer.status.last_trained_seq, settings.fresh_per_step)
-            idle = not fresh and not trainer.candidates_waiting
-            if idle and produced < n_signals:
+            if not fresh and not trainer.candidates_waiting:
+                if produced >= n_signals:
+                    break
                 # idle until the next signal is due: the daemon's loop publishes meanwhile,
                 # as soon as a swap is due
                 arrival = produced / rate
@@ -272,16 +275,11 @@ def run(preset: str, lr: float, rate: float, n_signals: int, switch_at: int, see
                 trainer.publish_if_due()
                 clock = max(arrival, virtual_now())
                 continue
-            if idle and (stopped_at is None or not scored
-                         or (rows and rows[-1]["n"] == len(scored))):
-                break  # the end: the last train_on made the last checkpoint
-            # (idle here only when SIGTERM cut the stream after its last step: the
-            # checkpoint below is the run's last)
             t0, step_clock = time.perf_counter(), clock
-            info = None if idle else trainer.train_on(fresh, turns=settings.wide_turns)
+            info = trainer.train_on(fresh, turns=settings.wide_turns)
             clock += time.perf_counter() - t0
             steps += info is not None
-            for seq, p, z, z_deep, allow_open in [] if idle else trainer.last_scores:
+            for seq, p, z, z_deep, allow_open in trainer.last_scores:
                 ev = events.pop(seq)
                 pa = anchor_p.pop(seq)
                 if not ev.is_correction:
@@ -477,9 +475,6 @@ def main() -> None:
             t0 = time.time()
             r = run(a.preset, lr, a.rate, a.signals, a.switch_at, a.seed, variant, a.probes,
                     settings_kw=overrides, backend=a.backend, trace=a.trace)
-            if not r["rows"]:
-                print("(stopped by SIGTERM before a signal was scored: nothing to summarise)")
-                break
             lines = summary(r) + [""] + by_category(r)
             print("\n".join(lines), f"\n(wall {time.time() - t0:.0f} s)", flush=True)
             out += [f"### {title}", "", TABLE_HEAD,
