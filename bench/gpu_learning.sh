@@ -17,6 +17,7 @@
 # Each run writes its own table to $OUT; the traces, the parity log and the machine's
 # details go back in one archive, extras.tgz (runs in parallel cannot all rewrite
 # docs/benchmarks.md; copy the tables there by hand, with the machine and this command).
+# GATED_COLD=1 gives each long run its own empty CuPy kernel cache (a fresh machine's).
 # GATED_BACKEND=numpy GATED_SIGNALS=300 GATED_LONG_SIGNALS=300 runs it on a CPU (dry run).
 #
 # The CPU benchmark's protocol on the GPU (2026-11-27): GATED_SHORT=0 skips step 1,
@@ -76,6 +77,10 @@ if [ "$SHORT" != 0 ]; then
 fi
 
 for s in $SEEDS; do
+    # GATED_COLD=1: each run with its own empty CuPy kernel cache, as on a fresh machine
+    # (runs side by side otherwise share what the first one compiles)
+    [ "${GATED_COLD:-0}" = 1 ] && export CUPY_CACHE_DIR="/tmp/cupy-cache-$s" && \
+        rm -rf "$CUPY_CACHE_DIR"
     timeout -k 60 "$LONG_TIMEOUT" "$PY" bench/bench_learning.py --backend "$BACKEND" \
         --signals "$LONG" --switch-at "$SWITCH" --probes "$PROBES" --seed "$s" \
         --trace "$OUT/trace-long-seed$s.jsonl" > "$OUT/long-seed$s.txt" 2>&1 &

@@ -475,3 +475,34 @@ def test_start_up_estimate_covers_what_a_dry_step_really_takes():
     reserved = reserve_training_memory(cfg, 16)
     estimate = estimate_training_bytes(cfg, 16, cfg.max_seq_len, cfg.max_seq_len)
     assert 0 < reserved <= estimate, (reserved, estimate)
+
+
+@pytest.mark.gpu
+def test_whole_array_reductions_compile_once_whatever_the_size(monkeypatch):
+    """With the GPU backend loaded, a sum, an any and a finite check compile one kernel
+    each and no more as the input grows: CuPy's CUB path compiled a new one (3-5 s) per
+    size class of the input, and the trainer stalled on them in its first hundreds of
+    signals (docs/learning.md, "Compile stalls on a GPU"). Counts module builds, not time."""
+    _cupy_ops()  # skips without CuPy and a device
+    import os
+
+    import cupy
+    from cupy._core import _accelerator
+    from cupy.cuda import compiler
+
+    if "CUPY_ACCELERATORS" in os.environ:
+        pytest.skip("CUPY_ACCELERATORS is set: the operator chose CuPy's accelerators")
+    assert _accelerator.get_reduction_accelerators() == []
+    builds = []
+    build = compiler._compile_module_with_cache
+    monkeypatch.setattr(compiler, "_compile_module_with_cache",
+                        lambda *a, **k: builds.append(1) or build(*a, **k))
+    ops = (lambda x: x.sum(dtype=np.float64), lambda x: (x < 0).any(),
+           lambda x: cupy.isfinite(x).all())
+    for op in ops:
+        op(cupy.ones(3, dtype=np.float32))  # the first use of each may compile
+    builds.clear()
+    for n in (700, 40_000, 3_000_000):
+        for op in ops:
+            op(cupy.ones(n, dtype=np.float32))
+    assert builds == []

@@ -24,7 +24,7 @@ from gated.engine.wide import (
     wide_features,
 )
 from gated.engine.wide_learner import WideAdaGrad, WideBag
-from gated.engine.wide_logit import pair_logit, veto_combine
+from gated.engine.wide_logit import pair_logit, segment_sum, veto_combine
 from gated.store import Store
 
 
@@ -607,6 +607,35 @@ def test_the_soft_minimum_follows_the_key_that_speaks_for_block():
         s[0].min(), abs=1e-3)
     assert pair_logit(call_rows, call_val, hist_rows, hist_val, 0.0)[0][0] == pytest.approx(
         s[0].sum())
+
+
+class _NotNumpy:
+    """NumPy under another name: `segment_sum` takes the path it takes for CuPy arrays
+    (`xp.add.at` into zeros) instead of np.bincount, and the test runs it on the CPU."""
+
+    def __getattr__(self, name):
+        return getattr(np, name)
+
+
+def test_segment_sum_on_the_gpu_path_equals_bincount():
+    """The pair term's per-entry sums: the GPU's scatter-add (no host reads, no
+    whole-array reductions, docs/learning.md "Compile stalls on a GPU") gives
+    np.bincount's float64 sums, repeated slots summed, empty slots 0; and the soft minimum
+    built on it is the same."""
+    rng = np.random.default_rng(5)
+    slot = rng.integers(0, 12, size=40)
+    w = rng.normal(size=40).astype(np.float32)
+    gpu_path = segment_sum(slot, w, 15, _NotNumpy())
+    np.testing.assert_allclose(gpu_path, np.bincount(slot, weights=w, minlength=15),
+                               rtol=1e-12, atol=1e-12)
+    assert gpu_path.dtype == np.float64 and gpu_path[12:].tolist() == [0.0, 0.0, 0.0]
+    call_rows, call_val = rng.normal(size=(3, 2, 4)), np.ones((3, 2))
+    hist_rows, hist_val = rng.normal(size=(3, 5, 4)), (rng.random((3, 5)) < 0.7) * 1.0
+    grp = np.array([[0, 0, 1, 2, 2], [0, 1, 1, 1, 3], [0, 0, 0, 0, 0]])
+    for a, b in zip(pair_logit(call_rows, call_val, hist_rows, hist_val, 0.5, np, grp),
+                    pair_logit(call_rows, call_val, hist_rows, hist_val, 0.5, _NotNumpy(),
+                               grp), strict=True):
+        np.testing.assert_allclose(np.asarray(b), a, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("members", [1, 3])

@@ -8,6 +8,8 @@ at the first training step, and so that no step pays a compile.
 
 from __future__ import annotations
 
+import os
+
 import cupy
 import cupy.cublas
 import numpy as np
@@ -15,6 +17,31 @@ import numpy as np
 from .ops_kernels import KERNEL_NAMES, KERNEL_SOURCE, NVRTC_OPTIONS, KernelOps
 
 _module: cupy.RawModule | None = None
+
+
+def reductions_compiled_once() -> list[str]:
+    """CuPy's own reduction kernels for every sum, max, any and all of this process,
+    unless the operator chose accelerators (`CUPY_ACCELERATORS` set); returns the
+    reduction accelerators in use.
+
+    Why (measured on an H200, docs/learning.md "Compile stalls on a GPU"): with CuPy's
+    CUB accelerator a whole-array reduction compiled a new kernel for each new size class
+    of its input (1.5-2.5 s each, with NVRTC): the loss sum of a step, the finite check of a
+    swap, the guards of a bincount. Batches change size with every step early in a
+    stream, so the trainer stalled 3-10 s at a time in its first hundreds of signals, and
+    every signal that arrived meanwhile was scored by a snapshot that had learned from a
+    handful. CuPy's own reduction kernel is compiled once per dtype and rank, which the
+    start-up rehearsal covers; the arrays reduced here are small (a step's rows, one
+    parameter vector), where CUB's speed does not show."""
+    from cupy._core import _accelerator
+
+    if "CUPY_ACCELERATORS" not in os.environ:
+        _accelerator.set_reduction_accelerators([])
+        _accelerator.set_routine_accelerators([])
+    return [str(a) for a in _accelerator.get_reduction_accelerators()]
+
+
+REDUCTION_ACCELERATORS = reductions_compiled_once()
 
 
 def kernel_module() -> cupy.RawModule:

@@ -54,10 +54,10 @@ def pair_logit(call_rows, call_val, hist_rows, hist_val, pool: float = 0.0, xp=n
     # entry e of row b is slot b * Kh + e (E <= Kh entries a row): scatter-add the keys'
     # scores into their entries, and count each entry's live (non-padding) keys
     slot = (xp.arange(rows)[:, None] * n_keys + grp).ravel()
-    big_s = xp.bincount(slot, weights=s.ravel(), minlength=rows * n_keys)
+    big_s = segment_sum(slot, s.ravel(), rows * n_keys, xp)
     big_s = big_s.reshape(rows, n_keys).astype(s.dtype, copy=False)  # [B, E]
-    live = xp.bincount(slot, weights=(hist_val != 0).ravel().astype(s.dtype),
-                       minlength=rows * n_keys).reshape(rows, n_keys) > 0
+    live = segment_sum(slot, (hist_val != 0).ravel().astype(s.dtype), rows * n_keys,
+                       xp).reshape(rows, n_keys) > 0
     lowest = xp.where(live, big_s, xp.inf).min(axis=1, keepdims=True)
     lowest = xp.where(xp.isfinite(lowest), lowest, 0.0)  # a row without keys
     e = xp.exp(xp.where(live, -(big_s - lowest) / pool, -xp.inf))
@@ -67,6 +67,22 @@ def pair_logit(call_rows, call_val, hist_rows, hist_val, pool: float = 0.0, xp=n
     d_entry = a * (1.0 - (big_s - z[:, None]) / pool)  # dz_pair/dS_e
     hw = xp.take_along_axis(d_entry, grp, axis=1) * hist_val  # its entry's dz/dS_e, per key
     return z, u, (hw[:, :, None] * hist_rows).sum(axis=1), hw
+
+
+def segment_sum(slot, weights, n: int, xp=np):
+    """out[j] = sum of `weights` where `slot` == j, for j < `n`, in float64: NumPy's
+    bincount on the host; on a GPU `add.at` into zeros (a scatter-add: one atomicAdd
+    kernel, compiled once).
+
+    Why not cupy.bincount (measured on an H200, docs/learning.md "Compile stalls on a
+    GPU"): it reads max(slot) and any(slot < 0) back to the host first, two full
+    reductions that CuPy compiled anew for each new size of the batch (~2.5 s each), in
+    the middle of scoring and training steps, for the first hundreds of signals."""
+    if xp is np:
+        return np.bincount(slot, weights=weights, minlength=n)
+    out = xp.zeros(n, dtype=np.float64)
+    xp.add.at(out, slot, weights.astype(np.float64, copy=False))
+    return out
 
 
 #: a Python float (weak in NumPy's promotion: a float32 logit stays float32)
