@@ -26,9 +26,9 @@ def reductions_compiled_once() -> list[str]:
 
     Why (measured on an H200, docs/learning.md "Compile stalls on a GPU"): with CuPy's
     CUB accelerator a whole-array reduction compiled a new kernel for each new size class
-    of its input (1.5-2.5 s each, with NVRTC): the loss sum of a step, the finite check of a
-    swap, the guards of a bincount. Batches change size with every step early in a
-    stream, so the trainer stalled 3-10 s at a time in its first hundreds of signals, and
+    of its input (1.5-5.5 s each, with NVRTC): the loss sum of a step, the finite check of a
+    swap, the checks inside cupy.bincount. Batches change size with every step early in a
+    stream, so the trainer stalled 4-11 s at a time in its first hundreds of signals, and
     every signal that arrived meanwhile was scored by a snapshot that had learned from a
     handful. CuPy's own reduction kernel is compiled once per dtype and rank, which the
     start-up rehearsal covers; the arrays reduced here are small (a step's rows, one
