@@ -16,6 +16,7 @@ import argparse
 import dataclasses
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +35,7 @@ def feed(backend: str, n: int, seed: int) -> dict[str, np.ndarray]:
     cfg = ModelConfig.preset("flint")
     settings = dataclasses.replace(TrainConfig(), lr=0.0)
     traffic = GatewayTraffic(seed=seed)
-    z, p, true = [], [], []
+    z, p, true, took = [], [], [], []
     with tempfile.TemporaryDirectory(prefix="gated-wide-parity-") as tmp:
         store = Store(tmp)
         trainer, _serving = build_trainer(store, cfg, settings, seed=seed, backend=backend)
@@ -42,7 +43,9 @@ def feed(backend: str, n: int, seed: int) -> dict[str, np.ndarray]:
             ev = traffic.next()
             store.append_signals([ev.signal])
             trainer.last_scores = []
+            t0 = time.perf_counter()
             trainer._take(store.read_signals(trainer.status.last_trained_seq, 16))
+            took.append(time.perf_counter() - t0)
             for _seq, pi, zi, _zd, _open in trainer.last_scores:
                 z.append(zi)
                 p.append(pi)
@@ -52,7 +55,8 @@ def feed(backend: str, n: int, seed: int) -> dict[str, np.ndarray]:
         wide = {k: np.asarray(to_np(v), np.float64) for k, v in trainer.model.params.items()
                 if k.startswith("wide.")}
         store.close()
-    return {"z": np.array(z), "p": np.array(p), "true": np.array(true), **wide}
+    return {"z": np.array(z), "p": np.array(p), "true": np.array(true),
+            "took": np.array(took), **wide}
 
 
 def main() -> None:
@@ -66,7 +70,11 @@ def main() -> None:
     for b, r in zip(a.backends, runs, strict=True):
         acc = float(np.mean((r["p"] >= 0.5) == r["true"]))
         print(f"{b}: {len(r['z'])} scored, accuracy vs TRUE {acc:.3f}, "
-              f"last 200 {float(np.mean((r['p'][-200:] >= 0.5) == r['true'][-200:])):.3f}")
+              f"last 200 {float(np.mean((r['p'][-200:] >= 0.5) == r['true'][-200:])):.3f}; "
+              f"a signal scored and learned (the trainer's `_take`, no transformer step) "
+              f"{np.median(r['took']) * 1e3:.1f} ms median, "
+              f"{np.percentile(r['took'], 90) * 1e3:.1f} ms p90 (the first 20 left out: "
+              f"{np.median(r['took'][20:]) * 1e3:.1f} ms)")
     x, y = runs
     dz = np.abs(x["z"] - y["z"])
     first = int(np.argmax(dz > 1e-3)) if (dz > 1e-3).any() else -1
