@@ -215,6 +215,9 @@ def gpu_preflight(model_cfg: ModelConfig, train_cfg: Any, *, runtime: Any = None
     info["kernels"] = int(ops_factory().warmup())
     info["compile_seconds"] = time.perf_counter() - t0
     if real_gpu:
+        from .engine.ops_cupy import REDUCTION_ACCELERATORS
+
+        info["reduction_accelerators"] = REDUCTION_ACCELERATORS
         info["reserved_bytes"] = reserve_training_memory(model_cfg, batch)
     return info
 
@@ -247,7 +250,11 @@ def describe_preflight(info: dict[str, Any]) -> str:
             f"to {info['seq_len']} tokens); {info['kernels']} kernels compiled in "
             f"{info['compile_seconds']:.2f}s"
             + (f"; a dry step of that size holds {_gib(info['reserved_bytes'])}"
-               if "reserved_bytes" in info else ""))
+               if "reserved_bytes" in info else "")
+            # none: gated's default, no CUB compile per input size (docs/operations.md)
+            + (f"; CuPy reduction accelerators: "
+               f"{', '.join(info['reduction_accelerators']) or 'none'}"
+               if "reduction_accelerators" in info else ""))
 
 
 @dataclass

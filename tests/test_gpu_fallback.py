@@ -93,6 +93,13 @@ def test_preflight_reports_device_memory_and_compiles_kernels():
     assert info["kernels"] == 13 and info["compile_seconds"] >= 0
     line = device.describe_preflight(info)
     assert "Stand-in GPU 80GB" in line and "80.00 GiB total" in line and "13 kernels" in line
+    assert "accelerators" not in line  # stand-in kernels: no CuPy loaded, nothing to say
+    # on a real GPU the preflight records CuPy's reduction accelerators (ops_cupy), and the
+    # log line says which, or none (gated's default: docs/operations.md)
+    assert device.describe_preflight({**info, "reduction_accelerators": []}).endswith(
+        "; CuPy reduction accelerators: none")
+    assert device.describe_preflight({**info, "reduction_accelerators": ["cub"]}).endswith(
+        "; CuPy reduction accelerators: cub")
 
 
 def test_preflight_refuses_a_config_that_does_not_fit_before_compiling():

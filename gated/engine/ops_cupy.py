@@ -22,7 +22,7 @@ _module: cupy.RawModule | None = None
 def reductions_compiled_once() -> list[str]:
     """CuPy's own reduction kernels for every sum, max, any and all of this process,
     unless the operator chose accelerators (`CUPY_ACCELERATORS` set); returns the
-    reduction accelerators in use.
+    reduction accelerators in use, by name (the GPU preflight logs them).
 
     Why (measured on an H200, docs/learning.md "Compile stalls on a GPU"): with CuPy's
     CUB accelerator a whole-array reduction compiled a new kernel for each new size class
@@ -38,7 +38,8 @@ def reductions_compiled_once() -> list[str]:
     if "CUPY_ACCELERATORS" not in os.environ:
         _accelerator.set_reduction_accelerators([])
         _accelerator.set_routine_accelerators([])
-    return [str(a) for a in _accelerator.get_reduction_accelerators()]
+    names = {_accelerator.ACCELERATOR_CUB: "cub", _accelerator.ACCELERATOR_CUTENSOR: "cutensor"}
+    return [names.get(a, str(a)) for a in _accelerator.get_reduction_accelerators()]
 
 
 REDUCTION_ACCELERATORS = reductions_compiled_once()
