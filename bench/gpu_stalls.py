@@ -70,7 +70,7 @@ def log_compiles(events: list[dict]) -> None:
     the disk cache, which takes milliseconds), each with who asked."""
     from cupy.cuda import compiler
 
-    def timed(name, fn):
+    def timed(fn):
         def wrapper(*args, **kwargs):
             t = _now()
             try:
@@ -79,12 +79,12 @@ def log_compiles(events: list[dict]) -> None:
                 source = args[0] if args and isinstance(args[0], str) else ""
                 head = next((ln for ln in source.splitlines()
                              if "__global__" in ln or "extern" in ln), source[:80])
-                events.append({"what": name, "at": round(t, 3),
+                events.append({"at": round(t, 3),
                                "seconds": round(_now() - t, 3), "kernel": head.strip()[:160],
                                "from": _frames(traceback.extract_stack()[:-1])})
         return wrapper
 
-    compiler._compile_module_with_cache = timed("build", compiler._compile_module_with_cache)
+    compiler._compile_module_with_cache = timed(compiler._compile_module_with_cache)
 
 
 def time_train_on(calls: list[dict]) -> None:
@@ -149,7 +149,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=3)
     ap.add_argument("--signals", type=int, default=400)
     ap.add_argument("--slow", type=float, default=0.5, help="a train_on this long is a stall")
-    ap.add_argument("--out", default=None)
+    ap.add_argument("--out", default=None, help="the report (JSON; the trace beside it)")
     ap.add_argument("--reductions", action="store_true",
                     help="only the reduction census (no learning run)")
     ap.add_argument("--backend", default="cupy", choices=("cupy", "numpy"),
@@ -158,6 +158,8 @@ def main() -> None:
     if a.reductions:
         reduction_census()
         return
+    if a.out is None:
+        ap.error("--out is needed for a learning run (only --reductions goes without)")
     compiles, calls, marks = [], [], {}
     mark_rehearsal_end(marks)
     if a.backend == "cupy":
