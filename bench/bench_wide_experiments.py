@@ -587,11 +587,12 @@ def with_adagrad_init(step, g0: float, pair: bool):
 
 def with_ngram_scale(wide_features, scale: float):
     """`wide.wide_features` with the call segment's n-gram values times `scale`."""
-    def scaled(ids, segs, n_max, buckets, history_scale=1.0):
-        idx, val = wide_features(ids, segs, n_max, buckets, history_scale)
+    def scaled(ids, segs, n_max, buckets, history_scale=1.0, bias=0.0):
+        idx, val = wide_features(ids, segs, n_max, buckets, history_scale, bias)
         n_call = call_ngrams(ids, segs, n_max, buckets)
         val = val.copy()
-        val[1: 1 + n_call] *= scale  # position 0 is the bias
+        head = 1 if bias else 0  # the bias, when there is one, comes first
+        val[head: head + n_call] *= scale
         return idx, val
     return scaled
 

@@ -175,7 +175,8 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
            drift_withdraw_below: float | None = None, drift_waits: int | None = None,
            members: int = 1, drift_bag_all: int = 0,
            early_block: tuple[float, int] = (1.0, 0), call_places: bool = False,
-           addresses: bool = False) -> dict:
+           addresses: bool = False, early_looks: str = "both",
+           bias: float | None = None) -> dict:
     """One setting's run; `lag` > 1 scores each signal with weights that have not yet
     learned the previous `lag` - 1 (updates applied in groups of `lag`), as the daemon's
     trainer scores a step's arrivals with the weights published before them. `pair_rank`
@@ -232,6 +233,8 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
                               wide_members=members,
                               wide_sensitive_call_places=call_places,
                               wide_endpoint_addresses=addresses)
+    if bias is not None:  # else the preset's (none since "No bias in the wide path")
+        cfg = dataclasses.replace(cfg, wide_bias=bias)
 
     def feats(context: str, history: list[str] | None) -> tuple:
         b = source_batch([(context, history)], cfg)
@@ -263,11 +266,12 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
     def flush() -> None:
         for f_p, y_p, w_p, seq, fp, ordinary in pending:
             # the signal log's sequence numbers are 1-based
-            wide.learn(*f_p[:3], y_p, w_p * early_block_weight(seq + 1, y_p, ordinary,
-                                                               *early_block),
+            wide.learn(*f_p[:3], y_p, w_p * early_block_weight(
+                seq + 1, y_p, ordinary and early_looks != "second", *early_block),
                        f_p[3], pair_hold=pair_hold if look.delay else 0.0)
             for f_l, y_l in look.push(seq, fp, y_p, f_p):
-                wide.learn(*f_l[:3], y_l, early_block_weight(seq + 1, y_l, True, *early_block),
+                wide.learn(*f_l[:3], y_l, early_block_weight(seq + 1, y_l, early_looks != "first",
+                                                             *early_block),
                            f_l[3])
         pending.clear()
 
@@ -399,6 +403,13 @@ def main() -> None:
                     help="a block label of an ordinary signal weighs W at the first signal, "
                          "fading to 1 at signal N (train.wide_early_block_weight and "
                          "_signals; default 1:0, off, as before them)")
+    ap.add_argument("--bias", type=float, default=None,
+                    help="the wide path's bias feature's value (ModelConfig.wide_bias; "
+                         "default: the preset's, none; 1: as before 'No bias in the wide "
+                         "path')")
+    ap.add_argument("--early-looks", choices=("both", "first", "second"), default="both",
+                    help="which looks --early-block weighs: a signal's first look, its second "
+                         "look, or both (the daemon's, the default)")
     ap.add_argument("--call-mark-places", action="store_true",
                     help="the call's own sensitive-file mark also with the file's place "
                          "(ModelConfig.wide_sensitive_call_places; default off, as before "
@@ -443,7 +454,7 @@ def main() -> None:
                        dest_share, bool(mark_places), a.drift_withdraw_below,
                        a.drift_waits, int(members), a.drift_bag_all,
                        (float(a.early_block.split(":")[0]), int(a.early_block.split(":")[1])),
-                       a.call_mark_places, a.endpoint_addresses)
+                       a.call_mark_places, a.endpoint_addresses, a.early_looks, a.bias)
             p0, p1 = (r["at"][p] for p in points)
 
             def pair(k: str, p0=p0, p1=p1) -> str:

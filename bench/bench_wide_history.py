@@ -72,7 +72,8 @@ def _split(ids: list[int], segs: list[int]) -> tuple[bytes, list[bytes]]:
 
 def features(ctx: str, hist: list[str] | None, hw: float, cs: float, ck: int):
     ids, segs = encode_source(ctx, hist, CFG)
-    idx, val = wide_features(ids, segs, CFG.wide_ngram, BUCKETS, CFG.wide_history_scale)
+    idx, val = wide_features(ids, segs, CFG.wide_ngram, BUCKETS, CFG.wide_history_scale,
+                             CFG.wide_bias)
     call, entries = _split(ids, segs)
     words = {w for e in entries for w in _WORD.findall(e)[1:]}
     extra = [(_bucket(w, 101), hw) for w in words] if hw else []

@@ -63,11 +63,26 @@ def test_adagrad_update_and_relax():
     np.testing.assert_allclose(accum[[1, 2]], [0.0225, 0.04])
 
 
-def test_every_source_has_the_bias_feature_and_history_is_scaled():
-    idx, val = wide_features([ord(c) for c in "abcXY"], [0, 0, 0, 1, 1], 2, 1 << 12, 0.25)
-    assert idx[0] == BIAS_BUCKET and val[0] == 1.0
+def test_the_bias_feature_comes_first_at_its_value_and_history_is_scaled():
+    idx, val = wide_features([ord(c) for c in "abcXY"], [0, 0, 0, 1, 1], 2, 1 << 12, 0.25, 0.5)
+    assert idx[0] == BIAS_BUCKET and val[0] == 0.5
     call, hist = val[1:6], val[6:]  # "abc": 3 uni + 2 bi-grams; "XY": 2 + 1
     assert np.isclose(np.sqrt(call @ call), 1.0) and np.isclose(np.sqrt(hist @ hist), 0.25)
+
+
+def test_no_bias_feature_by_default_and_the_rest_unchanged():
+    """ModelConfig.wide_bias is 0 by default: no source has bucket 0 from the bias (the
+    n-grams are hashed as before, so the features are the bias's row dropped)."""
+    ids, segs = [ord(c) for c in "abcXY"], [0, 0, 0, 1, 1]
+    with_bias = wide_features(ids, segs, 2, 1 << 12, 0.25, 1.0)
+    idx, val = wide_features(ids, segs, 2, 1 << 12, 0.25, 0.0)
+    np.testing.assert_array_equal(idx, with_bias[0][1:])
+    np.testing.assert_array_equal(val, with_bias[1][1:])
+    assert ModelConfig.preset("flint").wide_bias == 0.0
+    batch = source_batch([("fs.read {}", None)], ModelConfig.preset("flint"))
+    assert BIAS_BUCKET not in batch["wide_idx"][0][batch["wide_val"][0] != 0]
+    with pytest.raises(ValueError, match="wide_bias"):
+        ModelConfig(wide_bias=-1.0)
 
 
 def _call(tool: str, **args) -> str:
@@ -243,7 +258,9 @@ def test_the_wide_path_learns_every_fresh_signal_even_when_no_step_is_taken(tmp_
                           for i in range(5)])
     assert trainer.train_on(store.read_signals(0, 64)) is None  # the transformer skipped all
     wide = trainer.model.params["wide.w"][0]
-    assert wide[BIAS_BUCKET] > 0  # pushed towards "allow" by five signals
+    batch = source_batch([("fs.read src/0.py", None)], trainer.model.cfg)
+    z = wide[batch["wide_idx"][0]] @ batch["wide_val"][0]
+    assert z > 0  # pushed towards "allow" by five signals
     assert np.count_nonzero(trainer.opt.v[trainer.model.deep_size:]) > 20
     # and serving has the new wide weights (a swap without a transformer step)
     assert serving.current.version == 1

@@ -39,13 +39,22 @@ class ModelConfig:
     #: one linear logit added to the gate's. 0 buckets = no wide path.
     wide_buckets: int = 1 << 18
     wide_ngram: int = 4
-    #: z_wide = wide_scale * <w, x> with x L2-normalised per segment (plus a bias feature).
+    #: z_wide = wide_scale * <w, x> with x L2-normalised per segment.
     #: The wide weights are trained by their own AdaGrad (engine/wide_learner.py), whose
     #: steps do not depend on this scale's size, so 1 keeps the weights in logit units.
     wide_scale: float = 1.0
     #: The history segment's n-gram values are multiplied by this (sweep in
     #: bench/anchor.py: 0.25 is best for a linear model; the transformer reads all of it).
     wide_history_scale: float = 0.25
+    #: The value of the wide path's bias feature (bucket 0, in every source; 0 = none, the
+    #: default). Why none: trained by AdaGrad beside thousands of sparse features, the
+    #: intercept did not learn the base rate (~84% allow) but what the features left over,
+    #: which is the blocks' -- their gradients are the large ones once the allowed calls are
+    #: predicted well, the more so at the early block weight -- so it settled at -0.1 to
+    #: -0.65 and a call whose words the gate had never seen was blocked by it alone.
+    #: Without it such a call's logit is its shapes', places' and marks'; the base rate is
+    #: the calibration's intercept (docs/learning.md, "No bias in the wide path").
+    wide_bias: float = 0.0
     #: Structured wide features (engine/wide.py `structured_features`; why: docs/learning.md):
     #: the words of each argument keyed by tool and argument, their total L2 norm this, ...
     wide_call_words: float = 0.3
@@ -183,7 +192,8 @@ class ModelConfig:
                      "wide_ngram", "history_entry_min"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("wide_buckets", "max_history", "wide_history_scale", "wide_call_words",
+        for name in ("wide_buckets", "max_history", "wide_history_scale", "wide_bias",
+                     "wide_call_words",
                      "wide_history_cross", "wide_call_shapes", "wide_known_names",
                      "wide_sensitive_files", "wide_endpoints", "wide_sql_statements",
                      "wide_path_places", "wide_call_domains", "wide_egress_calls",

@@ -150,7 +150,7 @@ def source_batch(items: Sequence[tuple[str, Sequence[str] | None]],
            "seg": pad_rows([seg for _, seg in encoded], fill=0)}
     if cfg.wide_buckets:
         feats = [wide_features(ids, seg, cfg.wide_ngram, cfg.wide_buckets,
-                               cfg.wide_history_scale)
+                               cfg.wide_history_scale, cfg.wide_bias)
                  for ids, seg in encoded]
         if (cfg.wide_call_words or cfg.wide_history_cross or cfg.wide_call_shapes
                 or cfg.wide_known_names or cfg.wide_sensitive_files or cfg.wide_endpoints

@@ -13,7 +13,8 @@ history rule -- be learned from every site and every file at once.
 The hash is a 64-bit multiply-xor over the n-gram's token ids (FNV-1a's constants), fully
 vectorised with NumPy; it is stable across runs and machines (no Python ``hash``), so a
 checkpoint's wide weights mean the same after a restart. Bucket 0 is the wide path's
-bias: every source has it with value 1 (an n-gram hashing there shares it; 1 in 2^18).
+bias, in no source by default (`ModelConfig.wide_bias`: why); an n-gram hashing there
+shares it (1 in 2^18).
 
 Training (docs/learning.md, "wide & deep"): the wide weights are NOT stepped by AdamW with
 the transformer. `WideAdaGrad` (wide_learner.py) updates them from every fresh signal as
@@ -75,7 +76,8 @@ BIAS_BUCKET = 0
 
 
 def wide_features(ids: list[int], segs: list[int], n_max: int, buckets: int,
-                  history_scale: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+                  history_scale: float = 1.0, bias: float = 0.0
+                  ) -> tuple[np.ndarray, np.ndarray]:
     """Sparse features of one encoded source: (bucket ids [K], values [K]).
 
     Segment 0 is the current call, segment 1 the history (SEP tokens included, so an
@@ -83,13 +85,15 @@ def wide_features(ids: list[int], segs: list[int], n_max: int, buckets: int,
     linear logit sums both terms, which is what a dense vector with that bucket's total
     would give. The history's values are scaled by `history_scale` (a linear model gives a
     session's previous calls less say than the call it judges), and the bias feature
-    (bucket 0, value 1) comes first.
+    (bucket 0, value `bias`) comes first when `bias` is not 0 (ModelConfig.wide_bias,
+    whose default is none: why, there).
     """
     arr = np.asarray(ids, dtype=np.uint64)
     seg = np.asarray(segs)
     call, hist = (_segment_features(arr[seg == s], s, n_max, buckets) for s in (0, 1))
-    return (np.concatenate([[BIAS_BUCKET], call[0], hist[0]]),
-            np.concatenate([[1.0], call[1], history_scale * hist[1]]))
+    head_idx, head_val = ([BIAS_BUCKET], [bias]) if bias else ([], [])
+    return (np.concatenate([np.asarray(head_idx, call[0].dtype), call[0], hist[0]]),
+            np.concatenate([np.asarray(head_val, np.float64), call[1], history_scale * hist[1]]))
 
 
 #: At most this many distinct words / history crosses per source: a hostile 64 KiB call
