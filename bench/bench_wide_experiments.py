@@ -587,7 +587,7 @@ def with_adagrad_init(step, g0: float, pair: bool):
 
 def with_ngram_scale(wide_features, scale: float):
     """`wide.wide_features` with the call segment's n-gram values times `scale`."""
-    def scaled(ids, segs, n_max, buckets, history_scale=1.0, bias=0.0):
+    def scaled(ids, segs, n_max, buckets, history_scale=1.0, bias=1.0):
         idx, val = wide_features(ids, segs, n_max, buckets, history_scale, bias)
         n_call = call_ngrams(ids, segs, n_max, buckets)
         val = val.copy()

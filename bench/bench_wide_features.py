@@ -233,7 +233,7 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
                               wide_members=members,
                               wide_sensitive_call_places=call_places,
                               wide_endpoint_addresses=addresses)
-    if bias is not None:  # else the preset's (none since "No bias in the wide path")
+    if bias is not None:  # else the preset's (1)
         cfg = dataclasses.replace(cfg, wide_bias=bias)
 
     def feats(context: str, history: list[str] | None) -> tuple:
@@ -405,8 +405,8 @@ def main() -> None:
                          "_signals; default 1:0, off, as before them)")
     ap.add_argument("--bias", type=float, default=None,
                     help="the wide path's bias feature's value (ModelConfig.wide_bias; "
-                         "default: the preset's, none; 1: as before 'No bias in the wide "
-                         "path')")
+                         "default: the preset's, 1; 0: none, docs/learning.md 'No bias in "
+                         "the wide path')")
     ap.add_argument("--early-looks", choices=("both", "first", "second"), default="both",
                     help="which looks --early-block weighs: a signal's first look, its second "
                          "look, or both (the daemon's, the default)")

@@ -70,17 +70,27 @@ def test_the_bias_feature_comes_first_at_its_value_and_history_is_scaled():
     assert np.isclose(np.sqrt(call @ call), 1.0) and np.isclose(np.sqrt(hist @ hist), 0.25)
 
 
-def test_no_bias_feature_by_default_and_the_rest_unchanged():
-    """ModelConfig.wide_bias is 0 by default: no source has bucket 0 from the bias (the
-    n-grams are hashed as before, so the features are the bias's row dropped)."""
+def test_wide_bias_zero_drops_the_bias_feature_and_keeps_the_rest():
+    """ModelConfig.wide_bias 0: no source has bucket 0 from the bias (the n-grams are hashed
+    as before, so the features are the bias's row dropped); the default keeps it, and its
+    config fingerprint is the one from before the field existed."""
     ids, segs = [ord(c) for c in "abcXY"], [0, 0, 0, 1, 1]
     with_bias = wide_features(ids, segs, 2, 1 << 12, 0.25, 1.0)
     idx, val = wide_features(ids, segs, 2, 1 << 12, 0.25, 0.0)
     np.testing.assert_array_equal(idx, with_bias[0][1:])
     np.testing.assert_array_equal(val, with_bias[1][1:])
-    assert ModelConfig.preset("flint").wide_bias == 0.0
-    batch = source_batch([("fs.read {}", None)], ModelConfig.preset("flint"))
+    flint = ModelConfig.preset("flint")
+    assert flint.wide_bias == 1.0
+    assert source_batch([("fs.read {}", None)], flint)["wide_idx"][0][0] == BIAS_BUCKET
+    none = dataclasses.replace(flint, wide_bias=0.0)
+    batch = source_batch([("fs.read {}", None)], none)
     assert BIAS_BUCKET not in batch["wide_idx"][0][batch["wide_val"][0] != 0]
+    old = {k: v for k, v in dataclasses.asdict(flint).items() if k != "wide_bias"}
+    import hashlib
+    import json
+    assert flint.fingerprint() == hashlib.blake2b(json.dumps(old, sort_keys=True).encode(),
+                                                  digest_size=12).hexdigest()
+    assert none.fingerprint() != flint.fingerprint()
     with pytest.raises(ValueError, match="wide_bias"):
         ModelConfig(wide_bias=-1.0)
 

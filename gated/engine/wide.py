@@ -13,8 +13,8 @@ history rule -- be learned from every site and every file at once.
 The hash is a 64-bit multiply-xor over the n-gram's token ids (FNV-1a's constants), fully
 vectorised with NumPy; it is stable across runs and machines (no Python ``hash``), so a
 checkpoint's wide weights mean the same after a restart. Bucket 0 is the wide path's
-bias, in no source by default (`ModelConfig.wide_bias`: why); an n-gram hashing there
-shares it (1 in 2^18).
+bias: every source has it with value `ModelConfig.wide_bias`, 1 (0: none); an n-gram
+hashing there shares it (1 in 2^18).
 
 Training (docs/learning.md, "wide & deep"): the wide weights are NOT stepped by AdamW with
 the transformer. `WideAdaGrad` (wide_learner.py) updates them from every fresh signal as
@@ -76,7 +76,7 @@ BIAS_BUCKET = 0
 
 
 def wide_features(ids: list[int], segs: list[int], n_max: int, buckets: int,
-                  history_scale: float = 1.0, bias: float = 0.0
+                  history_scale: float = 1.0, bias: float = 1.0
                   ) -> tuple[np.ndarray, np.ndarray]:
     """Sparse features of one encoded source: (bucket ids [K], values [K]).
 
@@ -85,8 +85,7 @@ def wide_features(ids: list[int], segs: list[int], n_max: int, buckets: int,
     linear logit sums both terms, which is what a dense vector with that bucket's total
     would give. The history's values are scaled by `history_scale` (a linear model gives a
     session's previous calls less say than the call it judges), and the bias feature
-    (bucket 0, value `bias`) comes first when `bias` is not 0 (ModelConfig.wide_bias,
-    whose default is none: why, there).
+    (bucket 0, value `bias`, ModelConfig.wide_bias) comes first unless `bias` is 0.
     """
     arr = np.asarray(ids, dtype=np.uint64)
     seg = np.asarray(segs)
