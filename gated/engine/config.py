@@ -39,7 +39,8 @@ class ModelConfig:
     #: one linear logit added to the gate's. 0 buckets = no wide path.
     wide_buckets: int = 1 << 18
     wide_ngram: int = 4
-    #: z_wide = wide_scale * <w, x> with x L2-normalised per segment.
+    #: z_wide = wide_scale * <w, x> with x L2-normalised per segment (plus a bias feature,
+    #: `wide_bias`).
     #: The wide weights are trained by their own AdaGrad (engine/wide_learner.py), whose
     #: steps do not depend on this scale's size, so 1 keeps the weights in logit units.
     wide_scale: float = 1.0
