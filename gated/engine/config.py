@@ -10,6 +10,12 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass
 
+#: Fields added after states were stored with the code before them, each with the value
+#: that code behaved as: at that value the field does not enter `ModelConfig.fingerprint`
+#: (a field that changes what the weights mean at its default is not listed: its states
+#: need `gated run --reinit`, docs/operations.md).
+FINGERPRINT_AS_BEFORE: dict[str, object] = {"wide_bias": 1.0}
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -254,11 +260,10 @@ class ModelConfig:
         return asdict(self)
 
     def fingerprint(self) -> str:
-        """A stable hash of every field: equal shapes give equal fingerprints. A field added
-        later hashes as before while it holds the value the code had before it (`wide_bias`
-        1), so a stored state of that code still fits."""
-        fields = self.to_dict()
-        if fields["wide_bias"] == 1.0:
-            del fields["wide_bias"]
+        """A stable hash of every field: equal shapes give equal fingerprints. A field in
+        `FINGERPRINT_AS_BEFORE` is left out while it holds the value the code had before
+        the field existed, so a state stored by that code still fits."""
+        fields = {k: v for k, v in self.to_dict().items()
+                  if k not in FINGERPRINT_AS_BEFORE or FINGERPRINT_AS_BEFORE[k] != v}
         blob = json.dumps(fields, sort_keys=True).encode()
         return hashlib.blake2b(blob, digest_size=12).hexdigest()
