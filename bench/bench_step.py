@@ -55,7 +55,11 @@ import numpy as np  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from gated.config.schema import TrainConfig  # noqa: E402
+from gated.daemon.trainer.loop import step_chunk_rows  # noqa: E402
 from gated.engine import AdamW, Model, ModelConfig, build_batch, train_step  # noqa: E402
+from gated.engine.model import length_chunks  # noqa: E402
+from gated.engine.tokenizer import PAD  # noqa: E402
 
 try:  # PyTorch is optional: without it only gated is timed.
     import torch  # noqa: E402
@@ -138,22 +142,38 @@ class Side:
         self.times.append(time.perf_counter() - t0)
 
 
-def gated_side(cfg: ModelConfig, flat0: np.ndarray, batch: dict) -> Side:
-    """gated's train_step (forward, backward, finite check, clip, AdamW) on NumPy float32."""
+def trainer_chunk_rows() -> int | None:
+    """Rows per chunk of the daemon's CPU training step with the default settings (wide
+    turns on): the size `daemon/trainer/loop.py` steps at."""
+    return step_chunk_rows(TrainConfig(), turns=True)
+
+
+def gated_side(cfg: ModelConfig, flat0: np.ndarray, batch: dict,
+               chunk_rows: int | None = None) -> Side:
+    """gated's train_step (forward, backward, finite check, clip, AdamW) on NumPy float32;
+    with `chunk_rows`, in length-sorted chunks of that many rows, as the trainer runs it."""
     model = Model.from_flat(cfg, flat0, backend="numpy", dtype="float32")
     opt = AdamW.for_model(model, lr=LR, weight_decay=WD, clip_norm=CLIP)
 
     def step() -> float:
-        return train_step(model, opt, batch)["loss"]
+        return train_step(model, opt, batch, chunk_rows=chunk_rows)["loss"]
 
-    return Side("gated", step)
+    return Side("gated" if chunk_rows is None else "gated, chunks", step)
 
 
-def torch_side(cfg: ModelConfig, params: dict, batch: dict,
-               attn_impl: str) -> tuple[Side, str]:
-    """PyTorch eager: zero_grad, forward, backward, clip_grad_norm_, AdamW (fused if able)."""
+def torch_side(cfg: ModelConfig, params: dict, batch: dict, attn_impl: str,
+               chunk_rows: int | None = None) -> tuple[Side, str]:
+    """PyTorch eager: zero_grad, forward, backward, clip_grad_norm_, AdamW (fused if able).
+
+    With `chunk_rows`, the same length chunks as gated's (`length_chunks`), each chunk's
+    loss weighted as gated weighs it and back-propagated on its own, the gradients adding
+    up before one clip and one update: the same work as gated's chunked step."""
     ref = TorchGateModel(cfg, dtype=torch.float32, attn_impl=attn_impl)
     load_from_flat(ref, params)
+    b = len(batch["label"])
+    n_targets = int(np.count_nonzero(np.asarray(batch["tgt_out"]) != PAD))
+    chunks = [(rows.size / b, batch_to_torch(part, torch.float32))
+              for rows, part in length_chunks(batch, chunk_rows)] if chunk_rows else []
     tb = batch_to_torch(batch, torch.float32)
     plist = list(ref.parameters())
     mode = "fused"
@@ -168,13 +188,21 @@ def torch_side(cfg: ModelConfig, params: dict, batch: dict,
 
     def step() -> float:
         opt.zero_grad(set_to_none=True)
-        loss = ref(tb)
-        loss.backward()
+        if chunks:
+            total = 0.0
+            for share, part in chunks:
+                loss = ref.chunk_loss(part, share, n_targets)
+                loss.backward()
+                total += float(loss.detach())
+        else:
+            loss = ref(tb)
+            loss.backward()
+            total = float(loss.detach())
         torch.nn.utils.clip_grad_norm_(plist, CLIP)
         opt.step()
-        return float(loss.detach())
+        return total
 
-    return Side("torch", step), mode
+    return Side("torch" if chunk_rows is None else "torch, chunks", step), mode
 
 
 # --- running ---------------------------------------------------------------------------------
@@ -186,9 +214,21 @@ def ms_stats(times: list[float]) -> tuple[float, float, float]:
     return float(np.median(a)), float(np.percentile(a, 10)), float(np.percentile(a, 90))
 
 
+#: (key, label) of the timed sides, in the table's order; "_chunks": the batch in the
+#: trainer's length chunks (`trainer_chunk_rows`).
+SIDES = (("gated", "gated, whole batch"), ("gated_chunks", "gated, chunks"),
+         ("torch", "torch, whole batch"), ("torch_chunks", "torch, chunks"))
+#: (key, numerator side, denominator side): the ratios reported, torch time over gated's.
+RATIOS = (("ratio", "torch", "gated"), ("ratio_chunks", "torch_chunks", "gated_chunks"),
+          ("ratio_as_run", "torch", "gated_chunks"))
+
+
 def run_preset(preset: str, steps: int, warmup: int, attn_impl: str,
                use_torch: bool) -> dict[str, Any]:
-    """Warm up, then time `steps` interleaved steps of each side; returns a result row."""
+    """Warm up, then time `steps` interleaved steps of each side; returns a result row.
+
+    The sides: gated on the whole (padded) batch and in the trainer's length chunks, and
+    with torch the same two; each step's order rotates, so machine noise hits all alike."""
     cfg = ModelConfig.preset(preset)
     if use_torch:  # bench/torch_ref.py has no wide path: both sides run the same model
         cfg = dataclasses.replace(cfg, wide_buckets=0)
@@ -197,33 +237,37 @@ def run_preset(preset: str, steps: int, warmup: int, attn_impl: str,
     batch = build_batch(realistic_examples(16, min(128, cfg.max_seq_len),
                                            min(32, cfg.max_seq_len)), cfg)
     flat0 = Model.init(cfg, seed=0, dtype="float32").flat
-    sides = [gated_side(cfg, flat0, batch)]
+    chunk_rows = trainer_chunk_rows()
+    sides = {"gated": gated_side(cfg, flat0, batch),
+             "gated_chunks": gated_side(cfg, flat0, batch, chunk_rows)}
     adamw_mode = None
     if use_torch:
         params = Model.from_flat(cfg, flat0, dtype="float32").params
-        t_side, adamw_mode = torch_side(cfg, params, batch, attn_impl)
-        sides.append(t_side)
-    for side in sides:
+        sides["torch"], adamw_mode = torch_side(cfg, params, batch, attn_impl)
+        sides["torch_chunks"], _ = torch_side(cfg, params, batch, attn_impl, chunk_rows)
+    for side in sides.values():
         side.first_loss = side.step()
         for _ in range(warmup - 1):
             side.step()
+    order = list(sides.values())
     for i in range(steps):
-        for side in (sides if i % 2 == 0 else sides[::-1]):
+        for side in order[i % len(order):] + order[: i % len(order)]:
             side.timed()
-    src_pad = float((batch["src"] == 256).mean())
     row: dict[str, Any] = {
-        "preset": preset, "params": int(flat0.size),
+        "preset": preset, "params": int(flat0.size), "chunk_rows": chunk_rows,
         "shape": f"{batch['src'].shape[0]}x{batch['src'].shape[1]}x{batch['tgt_in'].shape[1]}",
-        "src_pad": src_pad, "no_reason": int((batch["tgt_out"] == 256).all(axis=1).sum()),
-        "steps": steps, "warmup": warmup, "gated": ms_stats(sides[0].times),
-        "gated_loss": sides[0].first_loss, "adamw": adamw_mode,
+        "src_pad": float((batch["src"] == PAD).mean()),
+        "no_reason": int((batch["tgt_out"] == PAD).all(axis=1).sum()),
+        "steps": steps, "warmup": warmup, "adamw": adamw_mode,
+        "losses": {k: side.first_loss for k, side in sides.items()},
+        **{k: ms_stats(side.times) for k, side in sides.items()},
     }
-    if use_torch:
-        row["torch"] = ms_stats(sides[1].times)
-        row["torch_loss"] = sides[1].first_loss
-        row["ratio"] = row["torch"][0] / row["gated"][0]
-        # Each pair ran back to back, so machine noise mostly cancels in its ratio.
-        row["paired"] = float(np.median(np.asarray(sides[1].times) / np.asarray(sides[0].times)))
+    for key, num, den in RATIOS:
+        if num in sides:
+            row[key] = row[num][0] / row[den][0]
+            # Each round ran back to back, so machine noise mostly cancels in its ratio.
+            row[key + "_paired"] = float(np.median(np.asarray(sides[num].times)
+                                                   / np.asarray(sides[den].times)))
     return row
 
 
@@ -238,14 +282,18 @@ def _fmt(stats: tuple[float, float, float]) -> str:
 
 
 def table(rows: list[dict[str, Any]], use_torch: bool) -> str:
-    """Markdown table of the results."""
-    head = ("| preset | params | batch BxSxT | gated ms/step median [p10, p90] |"
-            + (" torch ms/step median [p10, p90] | torch/gated |" if use_torch else ""))
+    """Markdown table of the results: ms per step, median [p10, p90], and the ratios."""
+    keys = [(k, label) for k, label in SIDES if use_torch or k.startswith("gated")]
+    head = ("| preset | params | batch BxSxT | chunks of | "
+            + " | ".join(f"{label} ms" for _, label in keys) + " |"
+            + (" torch/gated, whole batch | torch/gated, chunks | torch whole batch / "
+               "gated chunks |" if use_torch else ""))
     lines = [head, "|" + " --- |" * (head.count("|") - 1)]
     for r in rows:
-        line = f"| {r['preset']} | {r['params']:,} | {r['shape']} | {_fmt(r['gated'])} |"
+        line = (f"| {r['preset']} | {r['params']:,} | {r['shape']} | {r['chunk_rows']} rows | "
+                + " | ".join(_fmt(r[k]) for k, _ in keys) + " |")
         if use_torch:
-            line += f" {_fmt(r['torch'])} | {r['ratio']:.2f} |"
+            line += "".join(f" {r[k]:.2f} |" for k, _, _ in RATIOS)
         lines.append(line)
     return "\n".join(lines)
 
@@ -301,6 +349,10 @@ def machine_lines(use_torch: bool, attn_impl: str, adamw_mode: str | None,
     return lines
 
 
+def _met(ratio: float) -> str:
+    return "met" if ratio * CPU_TARGET_TIME_SHARE >= 1.0 else "NOT met"
+
+
 def section_text(rows: list[dict[str, Any]], use_torch: bool, attn_impl: str,
                  command: str, load_before: float, load_after: float) -> str:
     """The whole `## Training step (CPU)` section of docs/benchmarks.md."""
@@ -308,41 +360,50 @@ def section_text(rows: list[dict[str, Any]], use_torch: bool, attn_impl: str,
     machine = machine_lines(use_torch, attn_impl, adamw_mode, load_before)
     notes = []
     for r in rows:
+        losses = ", ".join(f"{label} {r['losses'][k]:.6f}" for k, label in SIDES
+                           if k in r["losses"])
         note = (f"`{r['preset']}`: {r['steps']} timed steps per side after {r['warmup']} "
                 f"warm-up; {r['src_pad']:.0%} of source positions are PAD, "
-                f"{r['no_reason']} of 16 examples have no reason; first-step loss gated "
-                f"{r['gated_loss']:.6f}")
+                f"{r['no_reason']} of 16 examples have no reason; first-step loss {losses}")
         if use_torch:
-            note += (f", torch {r['torch_loss']:.6f}; median of the per-pair ratios "
-                     f"torch/gated {r['paired']:.2f}")
+            note += "; medians of the per-round ratios " + ", ".join(
+                f"{num}/{den} {r[key + '_paired']:.2f}" for key, num, den in RATIOS)
         notes.append(f"- {note}.")
     if any(r["preset"] == "tiny" for r in rows):
         notes.append("- `tiny` has max_seq_len 32, so its batch is the same mix scaled to "
                      "sources of at most 32 tokens (16x32x32).")
     verdict = []
     if use_torch:
+        target = (f"DESIGN section 6 CPU target, a step no slower than "
+                  f"{CPU_TARGET_TIME_SHARE:g}x PyTorch-CPU time (torch/gated >= "
+                  f"{1 / CPU_TARGET_TIME_SHARE:.2f})")
         for r in rows:
-            ok = r["ratio"] * CPU_TARGET_TIME_SHARE >= 1.0
-            verdict.append(f"- `{r['preset']}`: gated is {r['ratio']:.2f}x torch's speed "
-                           f"(torch/gated median); DESIGN section 6 CPU target (a step no "
-                           f"slower than {CPU_TARGET_TIME_SHARE:g}x PyTorch-CPU time: "
-                           f"torch/gated >= {1 / CPU_TARGET_TIME_SHARE:.2f}): "
-                           f"{'met' if ok else 'NOT met'}.")
+            verdict.append(
+                f"- `{r['preset']}`, {target}: at equal work {_met(r['ratio'])} on the whole "
+                f"batch ({r['ratio']:.2f}) and {_met(r['ratio_chunks'])} in chunks "
+                f"({r['ratio_chunks']:.2f}); gated's step as its CPU trainer runs it against "
+                f"PyTorch eager on the batch as given {_met(r['ratio_as_run'])} "
+                f"({r['ratio_as_run']:.2f}: the chunks skip padding that eager computes).")
     return "\n".join([
         SECTION, "",
         "One training step: forward, exact backward, global-norm clipping (1.0), AdamW "
         "(lr 1e-3, weight decay 0.01 on 2-D matrices), float32, on one fixed batch of 16 "
         "examples (sources up to 128 tokens, PAD-padded to the longest; targets up to 32; "
         "every fourth example without a reason). gated: `gated.engine.train_step` on "
-        "NumPy. PyTorch: the same architecture in eager mode (`bench/torch_ref.py`), the "
-        "same initial weights (loaded from gated's flat buffer), the same batch. Steps "
-        "of the two alternate (which goes first alternates too), after warm-up.",
+        "NumPy, on the whole batch and in the length-sorted chunks its CPU trainer steps "
+        "in (`daemon/trainer/loop.py step_chunk_rows` at the default settings; each chunk "
+        "padded to its own longest source and reason: the same loss and gradient). "
+        "PyTorch: the same architecture in eager mode (`bench/torch_ref.py`), the same "
+        "initial weights (loaded from gated's flat buffer), the same batch, whole and in "
+        "the same chunks (each chunk's loss weighted as gated's, one backward per chunk, "
+        "one clip and update). The four alternate step by step (the order rotates), "
+        "after warm-up.",
         "",
         f"Run {dt.datetime.now().astimezone():%Y-%m-%d %H:%M %Z} with:", "",
         f"    {command}", "",
         *machine,
         f"- load average (1 min) after the run {load_after:.2f}: the machine is shared, "
-        "so expect noise; the interleaving spreads it over both sides", "",
+        "so expect noise; the interleaving spreads it over all sides", "",
         table(rows, use_torch), "",
         *notes, *verdict, "",
     ])
@@ -393,10 +454,8 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(table(rows, use_torch))
     for r in rows:
-        extra = f", torch {r['torch_loss']:.6f}" if use_torch else ""
-        if use_torch:
-            extra += f"; median per-pair ratio torch/gated {r['paired']:.2f}"
-        print(f"{r['preset']}: first-step loss gated {r['gated_loss']:.6f}{extra}")
+        print(f"{r['preset']}: first-step loss " + ", ".join(
+            f"{k} {v:.6f}" for k, v in r["losses"].items()))
     print(f"load average (1 min): {load_before:.2f} before, {load_after:.2f} after")
     if not args.no_write:
         cmd = ".venv/bin/python bench/bench_step.py " + " ".join(

@@ -248,6 +248,24 @@ class TorchGateModel(nn.Module):
     def losses(self, batch: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor,
                                                                   torch.Tensor]:
         """(total, bce, ce) for a batch of tensors (see :func:`batch_to_torch`)."""
+        bce, ce_sum = self._bce_and_ce_sum(batch)
+        # The count stays a tensor: no host sync, so the step can be captured in a graph.
+        ce = ce_sum / (batch["tgt_out"] != PAD).sum().clamp(min=1)
+        return self.lambda_bce * bce + self.lambda_ce * ce, bce, ce
+
+    def chunk_loss(self, batch: Mapping[str, torch.Tensor], share: float,
+                   ce_count: int) -> torch.Tensor:
+        """The loss of `batch` as the part `share` of a larger batch whose CE counts
+        `ce_count` target tokens: summed over that batch's length chunks (gated's
+        `length_chunks`) it is the whole batch's loss, formed as gated's
+        `Model.loss_parts_and_grads` forms it; a chunk without target tokens skips the
+        decoder, as gated's step does."""
+        bce, ce_sum = self._bce_and_ce_sum(batch, decode=bool((batch["tgt_out"] != PAD).any()))
+        return self.lambda_bce * share * bce + self.lambda_ce * ce_sum / max(1, ce_count)
+
+    def _bce_and_ce_sum(self, batch: Mapping[str, torch.Tensor], decode: bool = True
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the batch's weighted BCE mean, its decoder CE summed over target tokens)."""
         src, tgt_in, tgt_out = batch["src"], batch["tgt_in"], batch["tgt_out"]
         seg = batch["seg"] if "seg" in batch else torch.zeros_like(src)
         enc = self.encode(src, seg)
@@ -255,13 +273,12 @@ class TorchGateModel(nn.Module):
         # reduction="mean" with weight=w is (1/B) sum_i w_i l_i, in the stable form.
         bce = F.binary_cross_entropy_with_logits(z, batch["label"], weight=batch["weight"],
                                                  reduction="mean")
+        if not decode:
+            return bce, torch.zeros((), dtype=bce.dtype)
         logits = self.decode(tgt_in, enc, src)
-        # The count stays a tensor: no host sync, so the step can be captured in a graph.
-        count = (tgt_out != PAD).sum().clamp(min=1)
         ce_sum = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt_out.reshape(-1),
                                  ignore_index=PAD, reduction="sum")
-        ce = ce_sum / count
-        return self.lambda_bce * bce + self.lambda_ce * ce, bce, ce
+        return bce, ce_sum
 
     def forward(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """The total loss."""

@@ -11,6 +11,7 @@ import pytest
 from gradcheck import numeric_grad_entries, rel_error, sample_indices
 
 from gated.engine import layers as L
+from gated.engine import ops_numpy
 from gated.engine.ops_numpy import NumpyOps
 
 OPS = NumpyOps()
@@ -196,3 +197,22 @@ def test_mean_pool_and_embedding_backward(rng):
     OPS.embedding_bwd(d_emb, tok, Rx)
     _check(lambda: float((emb[tok] * Rx).sum()), d_emb, emb, rng, k=15)
     assert np.all(d_emb[2] == 0.0)  # token 2 never appears
+
+
+@pytest.mark.parametrize("one_hot_rows", [4096, 4])
+def test_embedding_bwd_adds_every_occurrence_by_gemm_and_by_scatter(one_hot_rows, monkeypatch):
+    """A table of at most `ONE_HOT_ROWS` rows takes its gradient as one GEMM, a larger one
+    by np.add.at (4: this 5-row table goes that way): both add each occurrence's row, a
+    repeated token's rows summed, into what the buffer already held."""
+    monkeypatch.setattr(ops_numpy, "ONE_HOT_ROWS", one_hot_rows)
+    rng = np.random.default_rng(3)
+    tok = np.array([[1, 3, 1, 1], [4, 1, 0, 3]])
+    dx = rng.normal(size=(2, 4, 6))
+    before = rng.normal(size=(5, 6))
+    d_emb = before.copy()
+    OPS.embedding_bwd(d_emb, tok, dx)
+    want = before.copy()
+    for (b, t), row in np.ndenumerate(tok):
+        want[row] += dx[b, t]
+    np.testing.assert_allclose(d_emb, want, rtol=1e-14, atol=1e-15)
+    assert np.array_equal(d_emb[2], before[2])  # token 2 never appears

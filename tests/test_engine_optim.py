@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from gated.engine import AdamW, Model, ModelConfig, Schedule, build_batch, train_step
+from gated.engine import AdamW, Model, ModelConfig, Schedule, build_batch, ops_numpy, train_step
 
 
 def _reference_adamw(p, grads, decay, lr, b1, b2, eps, wd, clip):
@@ -30,8 +30,13 @@ def _reference_adamw(p, grads, decay, lr, b1, b2, eps, wd, clip):
     return np.array(p), np.array(m), np.array(v), norms
 
 
+@pytest.mark.parametrize("block", [None, 16, 7])
 @pytest.mark.parametrize("clip", [None, 0.5])
-def test_adamw_matches_formula_over_several_steps(clip):
+def test_adamw_matches_formula_over_several_steps(clip, block, monkeypatch):
+    """`block`: the update and the norm run in blocks of that many elements (the default
+    is larger than this buffer), so their seams are crossed: the result must not move."""
+    if block is not None:
+        monkeypatch.setattr(ops_numpy, "FLAT_BLOCK", block)
     rng = np.random.default_rng(0)
     n = 40
     p0 = rng.normal(size=n)

@@ -12,6 +12,14 @@ import math
 import numpy as np
 
 GELU_C = math.sqrt(2.0 / math.pi)
+#: An embedding table of at most this many rows takes its gradient as one GEMM (the
+#: one-hot matrix of the tokens, transposed, times dx); the wide path's hashed tables,
+#: far larger, keep the scatter-add.
+ONE_HOT_ROWS = 4096
+#: Elements per block of the whole-buffer passes (AdamW, the gradient norm): a block's
+#: five float32 arrays (~1.3 MiB) stay in a core's L2 across the update's ten passes,
+#: where whole 5M-element buffers stream from memory on each.
+FLAT_BLOCK = 1 << 16
 
 
 def gelu_tanh(a):
@@ -167,8 +175,18 @@ class NumpyOps:
 
     # --- embedding and pooling -------------------------------------------------------
     def embedding_bwd(self, d_emb, tokens, dx):
-        """Scatter-add rows of dx [B, T, d] into d_emb [V, d] at `tokens` [B, T]."""
-        np.add.at(d_emb, tokens.reshape(-1), dx.reshape(-1, dx.shape[-1]))
+        """Scatter-add rows of dx [B, T, d] into d_emb [V, d] at `tokens` [B, T].
+
+        For a small table (the byte vocabulary, the two segments) the sum is one GEMM,
+        d_emb += onehot(tokens)^T dx: the same sums in another order, ~4x faster than
+        np.add.at's row-by-row loop; a large table (`ONE_HOT_ROWS`) is scatter-added."""
+        rows, d2 = tokens.reshape(-1), dx.reshape(-1, dx.shape[-1])
+        if d_emb.shape[0] > ONE_HOT_ROWS:
+            np.add.at(d_emb, rows, d2)
+            return
+        onehot = np.zeros((d_emb.shape[0], rows.size), dtype=d2.dtype)
+        onehot[rows, np.arange(rows.size)] = 1.0
+        d_emb += onehot @ d2
 
     def mean_pool(self, x, mask):
         """sum_t m_t x_t / max(1, sum_t m_t) over [B, S, d] with mask [B, S] float.
@@ -182,9 +200,13 @@ class NumpyOps:
 
     # --- optimiser -------------------------------------------------------------------
     def sq_norm(self, flat) -> float:
-        """Sum of squares in float64 (the global gradient norm is sqrt of this)."""
-        f = flat.astype(np.float64, copy=False)
-        return float(np.dot(f, f))
+        """Sum of squares in float64 (the global gradient norm is sqrt of this), block by
+        block: no float64 copy of the whole buffer (43 MB for flint) is made."""
+        total = 0.0
+        for lo in range(0, flat.size, FLAT_BLOCK):
+            f = flat[lo: lo + FLAT_BLOCK].astype(np.float64, copy=False)
+            total += float(np.dot(f, f))
+        return total
 
     def step_stats(self, grad_flat, n_clipped: int, values) -> np.ndarray:
         """float64 [sq norm of grad[:n_clipped], sq norm of grad[n_clipped:], *values]:
@@ -207,26 +229,31 @@ class NumpyOps:
         if not stats_finite(stats):
             return
         grad_scale = clip_scale(math.sqrt(float(stats[0])), clip)
-        tmp = self._scratch(p)
         bc1 = 1.0 - b1**step
         bc2 = 1.0 - b2**step
-        if wd:
-            np.multiply(p, decay, out=tmp)
-            tmp *= lr * wd
-            p -= tmp
-        np.multiply(g, (1.0 - b1) * grad_scale, out=tmp)
-        m *= b1
-        m += tmp
-        np.multiply(g, g, out=tmp)
-        tmp *= (1.0 - b2) * grad_scale * grad_scale
-        v *= b2
-        v += tmp
-        np.divide(v, bc2, out=tmp)
-        np.sqrt(tmp, out=tmp)
-        tmp += eps
-        np.divide(m, tmp, out=tmp)
-        tmp *= lr / bc1
-        p -= tmp
+        scratch = self._scratch(p[:FLAT_BLOCK])
+        # Block by block (`FLAT_BLOCK`): each element sees the same operations as on the
+        # whole buffer, so the result is the same to the bit, with the block in cache.
+        for lo in range(0, p.size, FLAT_BLOCK):
+            hi = min(p.size, lo + FLAT_BLOCK)
+            pb, gb, mb, vb, tmp = p[lo:hi], g[lo:hi], m[lo:hi], v[lo:hi], scratch[: hi - lo]
+            if wd:
+                np.multiply(pb, decay[lo:hi], out=tmp)
+                tmp *= lr * wd
+                pb -= tmp
+            np.multiply(gb, (1.0 - b1) * grad_scale, out=tmp)
+            mb *= b1
+            mb += tmp
+            np.multiply(gb, gb, out=tmp)
+            tmp *= (1.0 - b2) * grad_scale * grad_scale
+            vb *= b2
+            vb += tmp
+            np.divide(vb, bc2, out=tmp)
+            np.sqrt(tmp, out=tmp)
+            tmp += eps
+            np.divide(mb, tmp, out=tmp)
+            tmp *= lr / bc1
+            pb -= tmp
 
     def _scratch(self, like):
         buf = getattr(self, "_scratch_buf", None)

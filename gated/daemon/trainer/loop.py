@@ -44,6 +44,16 @@ __all__ = ["AlignmentWindow", "Trainer", "TrainerEvents"]
 log = logging.getLogger("gated.trainer")
 
 
+def step_chunk_rows(settings: TrainConfig, turns: bool) -> int | None:
+    """Rows per chunk of a training step: `step_chunk_rows`, and with turns (on the CPU)
+    at most `wide_turn_rows` (the wide path takes the new signals after each chunk); None:
+    the batch in one piece. bench/bench_step.py times the step at this size too."""
+    rows, turn = settings.step_chunk_rows, settings.wide_turn_rows
+    if turns and turn:
+        rows = min(rows, turn) if rows else turn
+    return rows or None
+
+
 class TrainerEvents:
     """Hooks the daemon uses to export metrics; the defaults do nothing."""
 
@@ -454,15 +464,6 @@ class Trainer(Control, GpuFallback, Publication, threading.Thread):
         self.events.on_scored(self.window, self.converged(), self.monitor.stats(),
                               backpropagated)
 
-    def _chunk_rows(self, turns: bool) -> int | None:
-        """Rows per chunk of a step: `step_chunk_rows`, and with turns at most
-        `wide_turn_rows` (the wide path takes the new signals after each chunk); None: the
-        batch in one piece."""
-        rows, turn = self.settings.step_chunk_rows, self.settings.wide_turn_rows
-        if turns and turn:
-            rows = min(rows, turn) if rows else turn
-        return rows or None
-
     def _step(self, examples: list[dict], turns: bool = False) -> dict | None:
         t0 = time.perf_counter()
         self._turn_seconds = 0.0  # the step's time is reported without its turns
@@ -470,7 +471,8 @@ class Trainer(Control, GpuFallback, Publication, threading.Thread):
         batch = build_batch(examples, self.model.cfg)
         try:
             self._in_step = turns
-            info = train_step(self.model, self.opt, batch, chunk_rows=self._chunk_rows(turns),
+            info = train_step(self.model, self.opt, batch,
+                              chunk_rows=step_chunk_rows(self.settings, turns),
                               between_chunks=self._turn if turns else None)
             finite = bool(info["finite"]) and self.model.ops.all_finite(self.model.flat)
         except Exception as e:
