@@ -35,6 +35,7 @@ from bench.torch_ref import (  # noqa: E402
     load_from_flat,
 )
 from gated.engine import BOS, EOS, PAD, AdamW, Model, ModelConfig, build_batch  # noqa: E402
+from gated.engine.model import length_chunks  # noqa: E402
 
 LOSS_RTOL = 1e-10
 GRAD_RTOL = 1e-8
@@ -96,6 +97,32 @@ def _torch_model(model: Model, attn_impl: str) -> TorchGateModel:
                          lambda_bce=model.lambda_bce, lambda_ce=model.lambda_ce)
     load_from_flat(ref, model.params)
     return ref
+
+
+def test_reference_in_length_chunks_equals_the_whole_batch() -> None:
+    """bench_step's equal-work PyTorch side: `chunk_loss` summed over gated's length
+    chunks (a chunk without reasons among them) is the whole batch's loss, and its
+    gradients, accumulated chunk by chunk, the whole batch's; gated's chunked step is the
+    same loss and gradient too."""
+    model = _model("random")
+    batch = _batch("mixed", model.cfg)
+    ref = _torch_model(model, "manual")
+    ref.losses(batch_to_torch(batch, torch.float64))[0].backward()
+    whole = grads_as_numpy(ref)
+    ref.zero_grad(set_to_none=True)
+    n_targets = int(np.count_nonzero(batch["tgt_out"] != PAD))
+    total, b = 0.0, len(batch["label"])
+    for rows, part in length_chunks(batch, 1):
+        loss = ref.chunk_loss(batch_to_torch(part, torch.float64), rows.size / b, n_targets)
+        loss.backward()
+        total += loss.item()
+    assert total == pytest.approx(model.loss(batch)[0], rel=1e-12)
+    chunked = grads_as_numpy(ref)
+    g_max = max(float(np.abs(g).max()) for g in whole.values())
+    for name, g in whole.items():
+        np.testing.assert_allclose(chunked[name], g, rtol=0, atol=1e-11 * g_max, err_msg=name)
+    gated_total, _ = model.loss_parts_and_grads(batch, chunk_rows=1)
+    assert gated_total == pytest.approx(total, rel=1e-12)
 
 
 @pytest.mark.parametrize("attn_impl", ["manual", "sdpa"])
