@@ -6,8 +6,12 @@ up to 128 tokens (PAD-padded, different lengths), targets up to 32, some example
 without a reason. gated runs its own `train_step`; PyTorch (when importable) runs the
 same architecture from bench/torch_ref.py with the same initial weights (loaded from
 gated's flat buffer) on the same batch, with `clip_grad_norm_` and `torch.optim.AdamW`
-(fused on the CPU when this torch supports it, else foreach). The two are interleaved,
-alternating which goes first, so machine noise hits both equally.
+(fused on the CPU when this torch supports it, else foreach). Each runs the batch whole
+and in the length-sorted chunks gated's CPU trainer steps in (`step_chunk_rows` at the
+default settings: each chunk padded only to its own longest source; the same loss and
+gradient): equal work side by side, and gated's step as its trainer runs it against
+eager PyTorch on the batch as given. The four are interleaved, the order rotating, so
+machine noise hits all equally.
 
 NumPy's BLAS and torch get the same thread count (`--threads`, default: the CPUs this
 process may run on); it is fixed through the environment before NumPy is imported.
