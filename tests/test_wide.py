@@ -6,6 +6,8 @@ restart, and a drift relaxes it."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 
 import numpy as np
 import pytest
@@ -86,8 +88,6 @@ def test_wide_bias_zero_drops_the_bias_feature_and_keeps_the_rest():
     batch = source_batch([("fs.read {}", None)], none)
     assert BIAS_BUCKET not in batch["wide_idx"][0][batch["wide_val"][0] != 0]
     old = {k: v for k, v in dataclasses.asdict(flint).items() if k != "wide_bias"}
-    import hashlib
-    import json
     assert flint.fingerprint() == hashlib.blake2b(json.dumps(old, sort_keys=True).encode(),
                                                   digest_size=12).hexdigest()
     assert none.fingerprint() != flint.fingerprint()
