@@ -60,6 +60,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gated.config.schema import TrainConfig  # noqa: E402
+from gated.daemon.trainer.cores import ChunkCores  # noqa: E402
 from gated.daemon.trainer.loop import step_chunk_rows  # noqa: E402
 from gated.engine import AdamW, Model, ModelConfig, build_batch, train_step  # noqa: E402
 from gated.engine.model import length_chunks  # noqa: E402
@@ -153,14 +154,16 @@ def trainer_chunk_rows() -> int | None:
 
 
 def gated_side(cfg: ModelConfig, flat0: np.ndarray, batch: dict,
-               chunk_rows: int | None = None) -> Side:
+               chunk_rows: int | None = None, cores: ChunkCores | None = None) -> Side:
     """gated's train_step (forward, backward, finite check, clip, AdamW) on NumPy float32;
-    with `chunk_rows`, in length-sorted chunks of that many rows, as the trainer runs it."""
+    with `chunk_rows`, in length-sorted chunks of that many rows, as the trainer runs it;
+    with `cores`, those chunks a round at a time on the cores, one BLAS thread each (the
+    trainer does so when its process has more than one thread: `step_cores`)."""
     model = Model.from_flat(cfg, flat0, backend="numpy", dtype="float32")
     opt = AdamW.for_model(model, lr=LR, weight_decay=WD, clip_norm=CLIP)
 
     def step() -> float:
-        return train_step(model, opt, batch, chunk_rows=chunk_rows)["loss"]
+        return train_step(model, opt, batch, chunk_rows=chunk_rows, cores=cores)["loss"]
 
     return Side("gated" if chunk_rows is None else "gated, chunks", step)
 
@@ -221,14 +224,19 @@ def ms_stats(times: list[float]) -> tuple[float, float, float]:
 #: (key, label) of the timed sides, in the table's order; "_chunks": the batch in the
 #: trainer's length chunks (`trainer_chunk_rows`).
 SIDES = (("gated", "gated, whole batch"), ("gated_chunks", "gated, chunks"),
+         ("gated_cores", "gated, chunks on the cores"),
          ("torch", "torch, whole batch"), ("torch_chunks", "torch, chunks"))
 #: (key, numerator side, denominator side): the ratios reported, torch time over gated's.
 RATIOS = (("ratio", "torch", "gated"), ("ratio_chunks", "torch_chunks", "gated_chunks"),
-          ("ratio_as_run", "torch", "gated_chunks"))
+          ("ratio_cores", "torch_chunks", "gated_cores"),
+          ("ratio_as_run", "torch", "gated_cores"))
+RATIO_LABELS = {"ratio": "torch/gated, whole batch", "ratio_chunks": "torch/gated, chunks",
+                "ratio_cores": "torch chunks / gated chunks on the cores",
+                "ratio_as_run": "torch whole batch / gated chunks on the cores"}
 
 
 def run_preset(preset: str, steps: int, warmup: int, attn_impl: str,
-               use_torch: bool) -> dict[str, Any]:
+               use_torch: bool, chunk_rows: int | None = None) -> dict[str, Any]:
     """Warm up, then time `steps` interleaved steps of each side; returns a result row.
 
     The sides: gated on the whole (padded) batch and in the trainer's length chunks, and
@@ -241,9 +249,11 @@ def run_preset(preset: str, steps: int, warmup: int, attn_impl: str,
     batch = build_batch(realistic_examples(16, min(128, cfg.max_seq_len),
                                            min(32, cfg.max_seq_len)), cfg)
     flat0 = Model.init(cfg, seed=0, dtype="float32").flat
-    chunk_rows = trainer_chunk_rows()
+    chunk_rows = chunk_rows or trainer_chunk_rows()
     sides = {"gated": gated_side(cfg, flat0, batch),
              "gated_chunks": gated_side(cfg, flat0, batch, chunk_rows)}
+    if THREADS > 1:
+        sides["gated_cores"] = gated_side(cfg, flat0, batch, chunk_rows, ChunkCores(THREADS))
     adamw_mode = None
     if use_torch:
         params = Model.from_flat(cfg, flat0, dtype="float32").params
@@ -267,7 +277,7 @@ def run_preset(preset: str, steps: int, warmup: int, attn_impl: str,
         **{k: ms_stats(side.times) for k, side in sides.items()},
     }
     for key, num, den in RATIOS:
-        if num in sides:
+        if num in sides and den in sides:
             row[key] = row[num][0] / row[den][0]
             # Each round ran back to back, so machine noise mostly cancels in its ratio.
             row[key + "_paired"] = float(np.median(np.asarray(sides[num].times)
@@ -287,17 +297,17 @@ def _fmt(stats: tuple[float, float, float]) -> str:
 
 def table(rows: list[dict[str, Any]], use_torch: bool) -> str:
     """Markdown table of the results: ms per step, median [p10, p90], and the ratios."""
-    keys = [(k, label) for k, label in SIDES if use_torch or k.startswith("gated")]
+    keys = [(k, label) for k, label in SIDES if all(k in r for r in rows)]
+    ratios = [k for k, _, _ in RATIOS if all(k in r for r in rows)]
     head = ("| preset | params | batch BxSxT | chunks of | "
             + " | ".join(f"{label} ms" for _, label in keys) + " |"
-            + (" torch/gated, whole batch | torch/gated, chunks | torch whole batch / "
-               "gated chunks |" if use_torch else ""))
+            + "".join(f" {RATIO_LABELS[k]} |" for k in ratios))
     lines = [head, "|" + " --- |" * (head.count("|") - 1)]
     for r in rows:
         line = (f"| {r['preset']} | {r['params']:,} | {r['shape']} | {r['chunk_rows']} rows | "
                 + " | ".join(_fmt(r[k]) for k, _ in keys) + " |")
         if use_torch:
-            line += "".join(f" {r[k]:.2f} |" for k, _, _ in RATIOS)
+            line += "".join(f" {r[k]:.2f} |" for k in ratios)
         lines.append(line)
     return "\n".join(lines)
 
@@ -371,7 +381,8 @@ def section_text(rows: list[dict[str, Any]], use_torch: bool, attn_impl: str,
                 f"{r['no_reason']} of 16 examples have no reason; first-step loss {losses}")
         if use_torch:
             note += "; medians of the per-round ratios " + ", ".join(
-                f"{num}/{den} {r[key + '_paired']:.2f}" for key, num, den in RATIOS)
+                f"{num}/{den} {r[key + '_paired']:.2f}" for key, num, den in RATIOS
+                if key in r)
         notes.append(f"- {note}.")
     if any(r["preset"] == "tiny" for r in rows):
         notes.append("- `tiny` has max_seq_len 32, so its batch is the same mix scaled to "
@@ -382,12 +393,17 @@ def section_text(rows: list[dict[str, Any]], use_torch: bool, attn_impl: str,
                   f"{CPU_TARGET_TIME_SHARE:g}x PyTorch-CPU time (torch/gated >= "
                   f"{1 / CPU_TARGET_TIME_SHARE:.2f})")
         for r in rows:
-            verdict.append(
-                f"- `{r['preset']}`, {target}: at equal work {_met(r['ratio'])} on the whole "
-                f"batch ({r['ratio']:.2f}) and {_met(r['ratio_chunks'])} in chunks "
-                f"({r['ratio_chunks']:.2f}); gated's step as its CPU trainer runs it against "
-                f"PyTorch eager on the batch as given {_met(r['ratio_as_run'])} "
-                f"({r['ratio_as_run']:.2f}: the chunks skip padding that eager computes).")
+            line = (f"- `{r['preset']}`, {target}: at equal work {_met(r['ratio'])} on the "
+                    f"whole batch ({r['ratio']:.2f}) and {_met(r['ratio_chunks'])} in chunks "
+                    f"on one core at a time ({r['ratio_chunks']:.2f})")
+            if "ratio_cores" in r:
+                line += (f", {_met(r['ratio_cores'])} with gated's chunks a round at a time "
+                         f"on the {THREADS} cores ({r['ratio_cores']:.2f}: the same chunks; "
+                         f"PyTorch's threads work inside each op); gated's step as a trainer "
+                         f"with {THREADS} cores runs it against PyTorch eager on the batch as "
+                         f"given {_met(r['ratio_as_run'])} ({r['ratio_as_run']:.2f}: the "
+                         f"chunks also skip padding that eager computes)")
+            verdict.append(line + ".")
     return "\n".join([
         SECTION, "",
         "One training step: forward, exact backward, global-norm clipping (1.0), AdamW "
@@ -396,11 +412,15 @@ def section_text(rows: list[dict[str, Any]], use_torch: bool, attn_impl: str,
         "every fourth example without a reason). gated: `gated.engine.train_step` on "
         "NumPy, on the whole batch and in the length-sorted chunks its CPU trainer steps "
         "in (`daemon/trainer/loop.py step_chunk_rows` at the default settings; each chunk "
-        "padded to its own longest source and reason: the same loss and gradient). "
+        "padded to its own longest source and reason: the same loss and gradient), "
+        "the chunks one at a time with BLAS on all the threads, and (with more than one "
+        "thread) a round of chunks at a time, one per core with one BLAS thread each "
+        "(`daemon/trainer/cores.py ChunkCores`, as the trainer runs them when its process "
+        "has more than one thread). "
         "PyTorch: the same architecture in eager mode (`bench/torch_ref.py`), the same "
         "initial weights (loaded from gated's flat buffer), the same batch, whole and in "
         "the same chunks (each chunk's loss weighted as gated's, one backward per chunk, "
-        "one clip and update). The four alternate step by step (the order rotates), "
+        "one clip and update). The sides alternate step by step (the order rotates), "
         "after warm-up.",
         "",
         f"Run {dt.datetime.now().astimezone():%Y-%m-%d %H:%M %Z} with:", "",
@@ -433,6 +453,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--torch-attn", choices=("sdpa", "manual"), default="sdpa",
                     help="attention in the PyTorch reference")
     ap.add_argument("--no-torch", action="store_true", help="time gated only")
+    ap.add_argument("--chunk-rows", type=int, default=None,
+                    help="rows per chunk of the chunked sides (default: the trainer's, "
+                         f"{trainer_chunk_rows()})")
     ap.add_argument("--no-write", action="store_true",
                     help="print only; do not rewrite docs/benchmarks.md")
     args = ap.parse_args(argv)
@@ -450,7 +473,8 @@ def main(argv: list[str] | None = None) -> int:
         warmup = max(1, args.warmup if args.warmup is not None
                      else DEFAULT_WARMUP.get(preset, 3))
         print(f"{preset}: {warmup} warm-up + {steps} timed steps per side ...", flush=True)
-        rows.append(run_preset(preset, steps, warmup, args.torch_attn, use_torch))
+        rows.append(run_preset(preset, steps, warmup, args.torch_attn, use_torch,
+                               args.chunk_rows))
     load_after = os.getloadavg()[0]
     print()
     print("\n".join(machine_lines(use_torch, args.torch_attn, rows[0].get("adamw"),

@@ -147,6 +147,11 @@ class TrainConfig:
                                 "this many rows, each padded to its own longest source (same "
                                 "loss and gradient, less padding); 0 = one piece", hot=True,
                                 lo=0, hi=4096)
+    step_cores: int = _opt(0, "CPU: a step's chunks run this many at once, one per core "
+                           "with one BLAS thread each (the same gradient; faster than "
+                           "BLAS's threads on chunk-sized GEMMs); 0 = the trainer process's "
+                           "threads (daemon.trainer_threads), 1 = one chunk at a time",
+                           lo=0, hi=256)
     wide_lr: float = _opt(0.5, "AdaGrad learning rate of the wide (hashed n-gram) path, "
                           "which learns from every fresh signal (0.3 with wide_l2 3e-3 was "
                           "tried and not kept: docs/learning.md, 'The wide path's rate')",

@@ -223,6 +223,7 @@ def run_trainer(spec: TrainerSpec, conn: Any, wake: Any) -> None:
                                seed=spec.seed, backend=spec.backend, events=events,
                                reinit=spec.reinit, serving_bands=Bands(allow=spec.bands_allow))
     trainer.retention = spec.retention
+    trainer.use_cores(spec.threads)
     events.trainer = trainer
 
     def on_signal(signum: int, _frame: object) -> None:

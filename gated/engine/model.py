@@ -6,8 +6,9 @@ pass in reverse order. All parameters live in one flat buffer (see layout.py).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -25,6 +26,23 @@ from .wide_logit import (
     wide_logit_host,
     wide_table,
 )
+
+_T = TypeVar("_T")
+
+
+class ChunkCores(Protocol):
+    """Runs a round of a step's chunk jobs at once, one per core, and returns their
+    results in order; every job has finished when it returns, or raises. The engine
+    starts no threads itself: daemon/trainer/cores.py is the daemon's."""
+
+    width: int
+
+    def run(self, jobs: Sequence[Callable[[], _T]]) -> list[_T]: ...
+
+
+def _add_twins(dst: np.ndarray, parts: list[np.ndarray]) -> None:
+    for part in parts:
+        dst += part
 
 
 def get_ops(backend: str) -> NumpyOps:
@@ -92,6 +110,7 @@ class Model:
         self.lambda_bce = 1.0
         self.lambda_ce = 0.5
         self.ewc = None  # an optim.EWC, when the anti-forgetting term is on
+        self._twins: list[Model] = []  # see twins()
 
     # --- construction --------------------------------------------------------------------
     @classmethod
@@ -248,7 +267,8 @@ class Model:
         return loss, self.grads
 
     def loss_parts_and_grads(self, batch: dict[str, Any], chunk_rows: int | None = None,
-                             between_chunks: Callable[[], None] | None = None
+                             between_chunks: Callable[[], None] | None = None,
+                             cores: ChunkCores | None = None
                              ) -> tuple[float, dict[str, float]]:
         """Like loss_and_grads but returns the loss parts (for metrics); grads in grad_flat.
 
@@ -262,24 +282,54 @@ class Model:
         `between_chunks` is called after each chunk: the trainer's turn to let the wide path
         learn the signals that arrived meanwhile (daemon/trainer/loop.py). It must not
         touch the transformer's weights; the wide weights it changes are an input of the
-        later chunks' logits, not a parameter this gradient is taken for."""
+        later chunks' logits, not a parameter this gradient is taken for.
+
+        `cores` (NumPy only; a GPU step keeps its one stream): the chunks run in rounds of
+        `cores.width` at once, the first of each round into this model's gradient, the
+        others into twins' (`twin`: the same weights, their own gradient buffer), added
+        into grad_flat at the end. The same loss and gradient up to float rounding (the
+        sums are grouped by core, in a fixed order: no run-to-run difference);
+        `between_chunks` is called after each ROUND, when no chunk is running."""
         b = len(batch["label"])  # a list, or an array on the host or the device
         if not chunk_rows or b <= chunk_rows:
             loss, parts, _ = self._forward(batch, need_grads=True)
             return loss, parts
         host = {k: np.asarray(self.ops.to_numpy(v)) for k, v in batch.items()}
         n_targets = int(np.count_nonzero(host["tgt_out"] != PAD))
+        chunks = list(length_chunks(host, chunk_rows))
+        width = 1 if cores is None or self.ops.xp is not np else min(cores.width, len(chunks))
+        models = [self, *self.twins(width - 1)]
         total, parts = 0.0, {}
-        for i, (rows, part) in enumerate(length_chunks(host, chunk_rows)):
-            loss, chunk_parts, _ = self._forward(
-                part, need_grads=True, share=rows.size / b, ce_count=n_targets,
-                accumulate=i > 0, with_ewc=i == 0)
-            total += loss
-            for k, v in chunk_parts.items():
-                parts[k] = parts.get(k, 0.0) + v
+        for start in range(0, len(chunks), width):
+            round_ = chunks[start: start + width]  # the last round may be short
+            jobs = [partial(model._forward, part, need_grads=True, share=rows.size / b,
+                            ce_count=n_targets, accumulate=start > 0,
+                            with_ewc=start == 0 and model is self)
+                    for model, (rows, part) in zip(models, round_, strict=False)]
+            for loss, chunk_parts, _ in cores.run(jobs) if len(jobs) > 1 else [jobs[0]()]:
+                total += loss
+                for k, v in chunk_parts.items():
+                    parts[k] = parts.get(k, 0.0) + v
             if between_chunks is not None:
                 between_chunks()
+        if width > 1:  # the twins' sums into grad_flat, a slice per core
+            edges = np.linspace(0, self.grad_flat.size, width + 1).astype(int)
+            cores.run([partial(_add_twins, self.grad_flat[lo:hi],
+                               [t.grad_flat[lo:hi] for t in models[1:]])
+                       for lo, hi in zip(edges[:-1], edges[1:], strict=True)])
         return total, parts
+
+    def twins(self, n: int) -> list[Model]:
+        """`n` models over the SAME weights (`flat`), each with its own gradient buffer:
+        where another core's chunks of a step accumulate (loss_parts_and_grads). Kept
+        across steps; made again if `flat` was replaced."""
+        kept = [t for t in self._twins if t.flat is self.flat]
+        while len(kept) < n:
+            kept.append(Model(self.cfg, self.flat, type(self.ops)(), self.dtype.name))
+        self._twins = kept
+        for twin in kept:
+            twin.lambda_bce, twin.lambda_ce = self.lambda_bce, self.lambda_ce
+        return kept[:n]
 
     def _forward(self, batch, need_grads: bool, share: float = 1.0,
                  ce_count: int | None = None, accumulate: bool = False,

@@ -33,6 +33,7 @@ from ...signals import CORRECTIONS, context_fingerprint, training_example
 from ...store import StoreError
 from ..serving import Calibration, Serving
 from .control import Control
+from .cores import ChunkCores
 from .gpu import GpuFallback
 from .latest import LatestLabels
 from .promotion import PromotionGate
@@ -122,6 +123,8 @@ class Trainer(Control, GpuFallback, Publication, threading.Thread):
         self.paused = False  # an operator's rollback --pause, until resume
         self.retention = None  # a config.RetentionConfig; the daemon sets and reloads it
         self.latest = LatestLabels()  # the replay filter
+        #: a CPU step's chunks on several cores at once (`use_cores`); None: one at a time
+        self.cores: ChunkCores | None = None
         #: replay examples of signals before this seq are set aside: a drift alarm waits
         #: for its verdict (`_on_drift_verdict`)
         self.replay_floor = 0
@@ -178,6 +181,16 @@ class Trainer(Control, GpuFallback, Publication, threading.Thread):
         """Informative signals taken between a step's chunks, waiting for the next step."""
         return len(self._candidates)
 
+    def use_cores(self, threads: int) -> None:
+        """Run a CPU step's chunks `train.step_cores` at a time (0: `threads`, the trainer
+        process's BLAS threads), each core with one BLAS thread (cores.py says why). The
+        GPU keeps its one stream."""
+        n = self.settings.step_cores or threads
+        if self.model.ops.name != "numpy" or n < 2:
+            return
+        self.cores = ChunkCores(n)
+        log.info("a training step's chunks run %d at a time, one per core", n)
+
     # --- the loop ------------------------------------------------------------------------------
     def run(self) -> None:
         try:
@@ -188,6 +201,8 @@ class Trainer(Control, GpuFallback, Publication, threading.Thread):
             raise
         finally:
             self._final_checkpoint()
+            if self.cores is not None:
+                self.cores.close()
 
     def _loop(self) -> None:
         backoff = 0.0
@@ -473,7 +488,7 @@ class Trainer(Control, GpuFallback, Publication, threading.Thread):
             self._in_step = turns
             info = train_step(self.model, self.opt, batch,
                               chunk_rows=step_chunk_rows(self.settings, turns),
-                              between_chunks=self._turn if turns else None)
+                              between_chunks=self._turn if turns else None, cores=self.cores)
             finite = bool(info["finite"]) and self.model.ops.all_finite(self.model.flat)
         except Exception as e:
             # The examples are not retried: the fresh ones are in the replay reservoir,
