@@ -7,11 +7,11 @@ without a reason. gated runs its own `train_step`; PyTorch (when importable) run
 same architecture from bench/torch_ref.py with the same initial weights (loaded from
 gated's flat buffer) on the same batch, with `clip_grad_norm_` and `torch.optim.AdamW`
 (fused on the CPU when this torch supports it, else foreach). Each runs the batch whole
-and in the length-sorted chunks gated's CPU trainer steps in (`step_chunk_rows` at the
-default settings: each chunk padded only to its own longest source; the same loss and
-gradient): equal work side by side, and gated's step as its trainer runs it against
-eager PyTorch on the batch as given. The four are interleaved, the order rotating, so
-machine noise hits all equally.
+and in length-sorted chunks of k rows (`--chunk-rows`; the trainer's size and 2 / 4 by
+default: each chunk padded only to its own longest source; the same loss and gradient);
+gated also runs the chunks a round at a time on the cores (`ChunkCores`). The verdict
+compares each side's fastest way on the same batch, and every equal-work pair is shown.
+The sides are interleaved, the order rotating, so machine noise hits all equally.
 
 NumPy's BLAS and torch get the same thread count (`--threads`, default: the CPUs this
 process may run on); it is fixed through the environment before NumPy is imported.
@@ -65,6 +65,7 @@ from gated.daemon.trainer.loop import step_chunk_rows  # noqa: E402
 from gated.engine import AdamW, Model, ModelConfig, build_batch, train_step  # noqa: E402
 from gated.engine.model import length_chunks  # noqa: E402
 from gated.engine.tokenizer import PAD  # noqa: E402
+from gated.traffic import GatewayTraffic  # noqa: E402
 
 try:  # PyTorch is optional: without it only gated is timed.
     import torch  # noqa: E402
@@ -80,6 +81,8 @@ except ImportError:  # pragma: no cover - depends on the environment
 
 DOC = ROOT / "docs" / "benchmarks.md"
 SECTION = "## Training step (CPU)"
+#: the section of a run on a batch of the realistic stream (`--batch stream`)
+STREAM_SECTION = "## Training step (CPU), a batch of the realistic stream"
 DOC_HEADER = ("# Benchmarks\n\nMeasured results of the benchmarks in `bench/`. Each section "
               "is (re)written by the benchmark named in it.\n")
 DEFAULT_STEPS = {"tiny": 200, "flint": 30}
@@ -126,6 +129,17 @@ def realistic_examples(batch: int, src_len: int, tgt_len: int, seed: int = 0) ->
         out.append({"context": context, "history": history, "reason": reason,
                     "label": 0.0 if risky else 1.0, "weight": rng.choice([1.0, 1.0, 2.0, 4.0])})
     return out
+
+
+def stream_examples(batch: int, seed: int = 0, skip: int = 200) -> list[dict]:
+    """`batch` consecutive signals of the realistic stream (gated.traffic, the learning
+    benchmark's), after `skip` (so the sessions have history): the trainer's batches, with
+    sources up to a few hundred tokens (the call and its abbreviated history)."""
+    traffic = GatewayTraffic(seed)
+    events = [traffic.next() for _ in range(skip + batch)][skip:]
+    return [{"context": e.signal["context"], "history": e.signal["history"],
+             "reason": e.signal["reason"], "label": float(e.true_allow), "weight": 1.0}
+            for e in events]
 
 
 # --- the two steps ---------------------------------------------------------------------------
@@ -221,44 +235,44 @@ def ms_stats(times: list[float]) -> tuple[float, float, float]:
     return float(np.median(a)), float(np.percentile(a, 10)), float(np.percentile(a, 90))
 
 
-#: (key, label) of the timed sides, in the table's order; "_chunks": the batch in the
-#: trainer's length chunks (`trainer_chunk_rows`).
-SIDES = (("gated", "gated, whole batch"), ("gated_chunks", "gated, chunks"),
-         ("gated_cores", "gated, chunks on the cores"),
-         ("torch", "torch, whole batch"), ("torch_chunks", "torch, chunks"))
-#: (key, numerator side, denominator side): the ratios reported, torch time over gated's.
-RATIOS = (("ratio", "torch", "gated"), ("ratio_chunks", "torch_chunks", "gated_chunks"),
-          ("ratio_cores", "torch_chunks", "gated_cores"),
-          ("ratio_as_run", "torch", "gated_cores"))
-RATIO_LABELS = {"ratio": "torch/gated, whole batch", "ratio_chunks": "torch/gated, chunks",
-                "ratio_cores": "torch chunks / gated chunks on the cores",
-                "ratio_as_run": "torch whole batch / gated chunks on the cores"}
+def side_keys(chunk_sizes: list[int], use_torch: bool) -> list[str]:
+    """The timed sides, in the table's order: "<impl> whole", "<impl> chunks <k>" (the batch
+    in length chunks of k rows, one at a time) and "gated cores <k>" (those chunks a round
+    at a time on the cores, `ChunkCores`; with more than one thread)."""
+    keys = ["gated whole"]
+    for k in chunk_sizes:
+        keys += [f"gated chunks {k}"] + ([f"gated cores {k}"] if THREADS > 1 else [])
+    if use_torch:
+        keys += ["torch whole"] + [f"torch chunks {k}" for k in chunk_sizes]
+    return keys
 
 
 def run_preset(preset: str, steps: int, warmup: int, attn_impl: str,
-               use_torch: bool, chunk_rows: int | None = None) -> dict[str, Any]:
+               use_torch: bool, chunk_sizes: list[int], stream: bool = False) -> dict[str, Any]:
     """Warm up, then time `steps` interleaved steps of each side; returns a result row.
 
-    The sides: gated on the whole (padded) batch and in the trainer's length chunks, and
-    with torch the same two; each step's order rotates, so machine noise hits all alike."""
+    Each step's order rotates, so machine noise hits all sides alike."""
     cfg = ModelConfig.preset(preset)
     if use_torch:  # bench/torch_ref.py has no wide path: both sides run the same model
         cfg = dataclasses.replace(cfg, wide_buckets=0)
     # A preset shorter than 128 (tiny: 32) gets the same mix scaled to its max_seq_len, so
     # its batch is padded too rather than every source cut to the same length.
-    batch = build_batch(realistic_examples(16, min(128, cfg.max_seq_len),
+    batch = build_batch(stream_examples(16) if stream else
+                        realistic_examples(16, min(128, cfg.max_seq_len),
                                            min(32, cfg.max_seq_len)), cfg)
     flat0 = Model.init(cfg, seed=0, dtype="float32").flat
-    chunk_rows = chunk_rows or trainer_chunk_rows()
-    sides = {"gated": gated_side(cfg, flat0, batch),
-             "gated_chunks": gated_side(cfg, flat0, batch, chunk_rows)}
-    if THREADS > 1:
-        sides["gated_cores"] = gated_side(cfg, flat0, batch, chunk_rows, ChunkCores(THREADS))
+    cores = ChunkCores(THREADS) if THREADS > 1 else None
+    params = Model.from_flat(cfg, flat0, dtype="float32").params if use_torch else None
+    sides: dict[str, Side] = {}
     adamw_mode = None
-    if use_torch:
-        params = Model.from_flat(cfg, flat0, dtype="float32").params
-        sides["torch"], adamw_mode = torch_side(cfg, params, batch, attn_impl)
-        sides["torch_chunks"], _ = torch_side(cfg, params, batch, attn_impl, chunk_rows)
+    for key in side_keys(chunk_sizes, use_torch):
+        impl, way, *rows = key.split()
+        chunk_rows = int(rows[0]) if rows else None
+        if impl == "gated":
+            sides[key] = gated_side(cfg, flat0, batch, chunk_rows,
+                                    cores if way == "cores" else None)
+        else:
+            sides[key], adamw_mode = torch_side(cfg, params, batch, attn_impl, chunk_rows)
     for side in sides.values():
         side.first_loss = side.step()
         for _ in range(warmup - 1):
@@ -267,22 +281,41 @@ def run_preset(preset: str, steps: int, warmup: int, attn_impl: str,
     for i in range(steps):
         for side in order[i % len(order):] + order[: i % len(order)]:
             side.timed()
+    if cores is not None:
+        cores.close()
     row: dict[str, Any] = {
-        "preset": preset, "params": int(flat0.size), "chunk_rows": chunk_rows,
+        "preset": preset, "params": int(flat0.size), "chunk_sizes": chunk_sizes,
         "shape": f"{batch['src'].shape[0]}x{batch['src'].shape[1]}x{batch['tgt_in'].shape[1]}",
         "src_pad": float((batch["src"] == PAD).mean()),
         "no_reason": int((batch["tgt_out"] == PAD).all(axis=1).sum()),
         "steps": steps, "warmup": warmup, "adamw": adamw_mode,
         "losses": {k: side.first_loss for k, side in sides.items()},
-        **{k: ms_stats(side.times) for k, side in sides.items()},
+        "ms": {k: ms_stats(side.times) for k, side in sides.items()},
+        "times": {k: side.times for k, side in sides.items()},
     }
-    for key, num, den in RATIOS:
-        if num in sides and den in sides:
-            row[key] = row[num][0] / row[den][0]
-            # Each round ran back to back, so machine noise mostly cancels in its ratio.
-            row[key + "_paired"] = float(np.median(np.asarray(sides[num].times)
-                                                   / np.asarray(sides[den].times)))
     return row
+
+
+def fastest(row: dict[str, Any], impl: str) -> str | None:
+    """The key of `impl`'s fastest side (by median), or None when it was not timed."""
+    keys = [k for k in row["ms"] if k.startswith(impl + " ")]
+    return min(keys, key=lambda k: row["ms"][k][0]) if keys else None
+
+
+def ratio(row: dict[str, Any], num: str, den: str) -> tuple[float, float]:
+    """(torch time / gated time by medians, the median of the per-round ratios): each
+    round ran the sides back to back, so machine noise mostly cancels in the second."""
+    paired = np.asarray(row["times"][num]) / np.asarray(row["times"][den])
+    return row["ms"][num][0] / row["ms"][den][0], float(np.median(paired))
+
+
+def equal_work_pairs(row: dict[str, Any]) -> list[tuple[str, str]]:
+    """(torch side, gated side) pairs that do the same work: the whole batch, and the same
+    chunks (gated's one at a time, and on the cores)."""
+    pairs = [("torch whole", "gated whole")]
+    for k in row["chunk_sizes"]:
+        pairs += [(f"torch chunks {k}", f"gated {way} {k}") for way in ("chunks", "cores")]
+    return [(t, g) for t, g in pairs if t in row["ms"] and g in row["ms"]]
 
 
 # --- reporting -------------------------------------------------------------------------------
@@ -296,19 +329,18 @@ def _fmt(stats: tuple[float, float, float]) -> str:
 
 
 def table(rows: list[dict[str, Any]], use_torch: bool) -> str:
-    """Markdown table of the results: ms per step, median [p10, p90], and the ratios."""
-    keys = [(k, label) for k, label in SIDES if all(k in r for r in rows)]
-    ratios = [k for k, _, _ in RATIOS if all(k in r for r in rows)]
-    head = ("| preset | params | batch BxSxT | chunks of | "
-            + " | ".join(f"{label} ms" for _, label in keys) + " |"
-            + "".join(f" {RATIO_LABELS[k]} |" for k in ratios))
+    """Markdown table: one line per side, ms per step (median [p10, p90]) and PyTorch's
+    fastest side's time over this one's."""
+    head = ("| preset | params | batch BxSxT | side | ms per step |"
+            + (" torch's fastest / this |" if use_torch else ""))
     lines = [head, "|" + " --- |" * (head.count("|") - 1)]
     for r in rows:
-        line = (f"| {r['preset']} | {r['params']:,} | {r['shape']} | {r['chunk_rows']} rows | "
-                + " | ".join(_fmt(r[k]) for k, _ in keys) + " |")
-        if use_torch:
-            line += "".join(f" {r[k]:.2f} |" for k in ratios)
-        lines.append(line)
+        best = fastest(r, "torch")
+        for key, stats in r["ms"].items():
+            line = f"| {r['preset']} | {r['params']:,} | {r['shape']} | {key} | {_fmt(stats)} |"
+            if use_torch:
+                line += f" {r['ms'][best][0] / stats[0]:.2f} |"
+            lines.append(line)
     return "\n".join(lines)
 
 
@@ -368,21 +400,19 @@ def _met(ratio: float) -> str:
 
 
 def section_text(rows: list[dict[str, Any]], use_torch: bool, attn_impl: str,
-                 command: str, load_before: float, load_after: float) -> str:
-    """The whole `## Training step (CPU)` section of docs/benchmarks.md."""
+                 command: str, load_before: float, load_after: float,
+                 stream: bool = False) -> str:
+    """The whole `## Training step (CPU)` section of docs/benchmarks.md (or its stream
+    batch's section)."""
     adamw_mode = rows[0].get("adamw") if rows else None
     machine = machine_lines(use_torch, attn_impl, adamw_mode, load_before)
     notes = []
     for r in rows:
-        losses = ", ".join(f"{label} {r['losses'][k]:.6f}" for k, label in SIDES
-                           if k in r["losses"])
+        losses = sorted({f"{v:.6f}" for v in r["losses"].values()})
         note = (f"`{r['preset']}`: {r['steps']} timed steps per side after {r['warmup']} "
                 f"warm-up; {r['src_pad']:.0%} of source positions are PAD, "
-                f"{r['no_reason']} of 16 examples have no reason; first-step loss {losses}")
-        if use_torch:
-            note += "; medians of the per-round ratios " + ", ".join(
-                f"{num}/{den} {r[key + '_paired']:.2f}" for key, num, den in RATIOS
-                if key in r)
+                f"{r['no_reason']} of 16 examples have no reason; first-step loss of every "
+                f"side {' / '.join(losses)}")
         notes.append(f"- {note}.")
     if any(r["preset"] == "tiny" for r in rows):
         notes.append("- `tiny` has max_seq_len 32, so its batch is the same mix scaled to "
@@ -393,35 +423,39 @@ def section_text(rows: list[dict[str, Any]], use_torch: bool, attn_impl: str,
                   f"{CPU_TARGET_TIME_SHARE:g}x PyTorch-CPU time (torch/gated >= "
                   f"{1 / CPU_TARGET_TIME_SHARE:.2f})")
         for r in rows:
-            line = (f"- `{r['preset']}`, {target}: at equal work {_met(r['ratio'])} on the "
-                    f"whole batch ({r['ratio']:.2f}) and {_met(r['ratio_chunks'])} in chunks "
-                    f"on one core at a time ({r['ratio_chunks']:.2f})")
-            if "ratio_cores" in r:
-                line += (f", {_met(r['ratio_cores'])} with gated's chunks a round at a time "
-                         f"on the {THREADS} cores ({r['ratio_cores']:.2f}: the same chunks; "
-                         f"PyTorch's threads work inside each op); gated's step as a trainer "
-                         f"with {THREADS} cores runs it against PyTorch eager on the batch as "
-                         f"given {_met(r['ratio_as_run'])} ({r['ratio_as_run']:.2f}: the "
-                         f"chunks also skip padding that eager computes)")
-            verdict.append(line + ".")
+            tb, gb = fastest(r, "torch"), fastest(r, "gated")
+            med, paired = ratio(r, tb, gb)
+            pairs = "; ".join(f"{t} / {g} {ratio(r, t, g)[0]:.2f} (per round "
+                              f"{ratio(r, t, g)[1]:.2f})" for t, g in equal_work_pairs(r))
+            verdict.append(
+                f"- `{r['preset']}`, {target}: {_met(med)} -- gated's fastest way ({gb}) "
+                f"against PyTorch's fastest ({tb}) {med:.2f} (per round {paired:.2f}). At "
+                f"equal work: {pairs}.")
+    the_batch = (
+        "16 consecutive signals of the realistic stream (`gated.traffic`, seed 0, after "
+        "its first 200: calls with their sessions' history, sources up to a few hundred "
+        "tokens; the batches the trainer steps on)" if stream else
+        "16 examples (sources up to 128 tokens, PAD-padded to the longest; targets up to "
+        "32; every fourth example without a reason)")
     return "\n".join([
-        SECTION, "",
+        STREAM_SECTION if stream else SECTION, "",
         "One training step: forward, exact backward, global-norm clipping (1.0), AdamW "
-        "(lr 1e-3, weight decay 0.01 on 2-D matrices), float32, on one fixed batch of 16 "
-        "examples (sources up to 128 tokens, PAD-padded to the longest; targets up to 32; "
-        "every fourth example without a reason). gated: `gated.engine.train_step` on "
-        "NumPy, on the whole batch and in the length-sorted chunks its CPU trainer steps "
-        "in (`daemon/trainer/loop.py step_chunk_rows` at the default settings; each chunk "
-        "padded to its own longest source and reason: the same loss and gradient), "
-        "the chunks one at a time with BLAS on all the threads, and (with more than one "
-        "thread) a round of chunks at a time, one per core with one BLAS thread each "
-        "(`daemon/trainer/cores.py ChunkCores`, as the trainer runs them when its process "
-        "has more than one thread). "
-        "PyTorch: the same architecture in eager mode (`bench/torch_ref.py`), the same "
-        "initial weights (loaded from gated's flat buffer), the same batch, whole and in "
-        "the same chunks (each chunk's loss weighted as gated's, one backward per chunk, "
-        "one clip and update). The sides alternate step by step (the order rotates), "
-        "after warm-up.",
+        "(lr 1e-3, weight decay 0.01 on 2-D matrices), float32, on one fixed batch of "
+        f"{the_batch}. gated: `gated.engine.train_step` on "
+        "NumPy, on the whole batch (`gated whole`) and in length-sorted chunks of k rows "
+        "(each chunk padded to its own longest source and reason: the same loss and "
+        "gradient; its CPU trainer steps in chunks of "
+        f"{trainer_chunk_rows()}, `daemon/trainer/loop.py step_chunk_rows`): one at a "
+        "time with BLAS on all the threads (`gated chunks k`) and, with more than one "
+        "thread, a round at a time, one per core with one BLAS thread each (`gated cores "
+        "k`: `daemon/trainer/cores.py ChunkCores`, as the trainer runs them when its "
+        "process has more than one thread). PyTorch: the same architecture in eager mode "
+        "(`bench/torch_ref.py`), the same initial weights (loaded from gated's flat "
+        "buffer), the same batch, whole (`torch whole`) and in the same chunks (`torch "
+        "chunks k`: each chunk's loss weighted as gated's, one backward per chunk, one "
+        "clip and update). The sides alternate step by step (the order rotates), after "
+        "warm-up. The target compares each side's fastest way; the equal-work ratios "
+        "pair the sides that do the same arithmetic.",
         "",
         f"Run {dt.datetime.now().astimezone():%Y-%m-%d %H:%M %Z} with:", "",
         f"    {command}", "",
@@ -433,11 +467,11 @@ def section_text(rows: list[dict[str, Any]], use_torch: bool, attn_impl: str,
     ])
 
 
-def write_section(text: str, path: Path = DOC) -> None:
+def write_section(text: str, path: Path = DOC, stream: bool = False) -> None:
     """Replace (or append) this benchmark's section of docs/benchmarks.md, nothing else."""
     from docs_section import write_section as write
 
-    write(SECTION, text, path)
+    write(STREAM_SECTION if stream else SECTION, text, path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -453,9 +487,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--torch-attn", choices=("sdpa", "manual"), default="sdpa",
                     help="attention in the PyTorch reference")
     ap.add_argument("--no-torch", action="store_true", help="time gated only")
-    ap.add_argument("--chunk-rows", type=int, default=None,
-                    help="rows per chunk of the chunked sides (default: the trainer's, "
-                         f"{trainer_chunk_rows()})")
+    ap.add_argument("--chunk-rows", default=None,
+                    help="comma-separated rows per chunk of the chunked sides (default: "
+                         f"the trainer's, {trainer_chunk_rows()}, and 4 / 2 beside it)")
+    ap.add_argument("--batch", choices=("fixed", "stream"), default="fixed",
+                    help="fixed: the synthetic batch of sources up to 128 tokens (the "
+                         "section's figures since 2026-11-23); stream: 16 signals of the "
+                         "realistic stream, as the trainer gets them (its own section)")
     ap.add_argument("--no-write", action="store_true",
                     help="print only; do not rewrite docs/benchmarks.md")
     args = ap.parse_args(argv)
@@ -467,6 +505,8 @@ def main(argv: list[str] | None = None) -> int:
     if load_before > 0.5:
         print(f"warning: load average {load_before:.2f} before the run; other work on this "
               "machine will add noise (and BLAS/OpenMP threads suffer when cores are busy)")
+    chunk_sizes = ([int(k) for k in args.chunk_rows.split(",")] if args.chunk_rows else
+                   sorted({trainer_chunk_rows() or 4, 2, 4}))
     rows = []
     for preset in [p.strip() for p in args.presets.split(",") if p.strip()]:
         steps = args.steps or DEFAULT_STEPS.get(preset, 20)
@@ -474,7 +514,7 @@ def main(argv: list[str] | None = None) -> int:
                      else DEFAULT_WARMUP.get(preset, 3))
         print(f"{preset}: {warmup} warm-up + {steps} timed steps per side ...", flush=True)
         rows.append(run_preset(preset, steps, warmup, args.torch_attn, use_torch,
-                               args.chunk_rows))
+                               chunk_sizes, stream=args.batch == "stream"))
     load_after = os.getloadavg()[0]
     print()
     print("\n".join(machine_lines(use_torch, args.torch_attn, rows[0].get("adamw"),
@@ -484,13 +524,18 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         print(f"{r['preset']}: first-step loss " + ", ".join(
             f"{k} {v:.6f}" for k, v in r["losses"].items()))
+    if use_torch:
+        print("\n".join(section_text(rows, use_torch, args.torch_attn, "", load_before,
+                                     load_after).split("\n")[-len(rows) - 1:]))
     print(f"load average (1 min): {load_before:.2f} before, {load_after:.2f} after")
     if not args.no_write:
         cmd = ".venv/bin/python bench/bench_step.py " + " ".join(
             sys.argv[1:] if argv is None else argv)
+        stream = args.batch == "stream"
         write_section(section_text(rows, use_torch, args.torch_attn, cmd.strip(),
-                                   load_before, load_after))
-        print(f"\nwrote the '{SECTION}' section of {DOC.relative_to(ROOT)}")
+                                   load_before, load_after, stream), stream=stream)
+        print(f"\nwrote the '{STREAM_SECTION if stream else SECTION}' section of "
+              f"{DOC.relative_to(ROOT)}")
     return 0
 
 

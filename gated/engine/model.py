@@ -286,7 +286,7 @@ class Model:
 
         `cores` (NumPy only; a GPU step keeps its one stream): the chunks run in rounds of
         `cores.width` at once, the first of each round into this model's gradient, the
-        others into twins' (`twin`: the same weights, their own gradient buffer), added
+        others into twins' (`twins`: the same weights, their own gradient buffers), added
         into grad_flat at the end. The same loss and gradient up to float rounding (the
         sums are grouped by core, in a fixed order: no run-to-run difference);
         `between_chunks` is called after each ROUND, when no chunk is running."""
