@@ -128,7 +128,7 @@ def test_run_keeps_the_order_and_limits_blas_to_one_thread(cores):
     before = blas_threads()
     out = cores.run([lambda: ("first", blas_threads()), lambda: ("second", blas_threads())])
     assert [name for name, _ in out] == ["first", "second"]
-    assert all(n == 1 for _, threads in out for n in threads)
+    assert before and all(threads == [1] * len(before) for _, threads in out)
     assert blas_threads() == before  # put back after the round
     assert cores.run([]) == []
     with pytest.raises(ValueError, match="3 jobs for 2 cores"):
@@ -171,3 +171,25 @@ def test_the_trainer_takes_its_cores_from_the_settings_or_its_threads(
         assert trainer.status.step == 1 and np.all(np.isfinite(trainer.model.flat))
         trainer.cores.close()
     store.close()
+
+
+def test_a_daemon_whose_trainer_has_two_threads_steps_on_two_cores(tmp_path):
+    """The wiring end to end: a real `gated run` with `daemon.trainer_threads = 2` gives its
+    trainer process the cores (its log says so) and trains every signal sent."""
+    from daemon_proc import FAST, start, wait_until
+
+    from gated.synthetic import SyntheticGateway
+
+    cfg = tmp_path / "gated.toml"
+    cfg.write_text("[daemon]\ntrainer_threads = 2\n" + FAST + "step_chunk_rows = 4\n")
+    d = start(tmp_path, config=cfg)
+    try:
+        with d.client() as c:
+            gen = SyntheticGateway(seed=3)
+            c.signals([gen.signal() for _ in range(96)])
+            wait_until(lambda: (s := c.status())["last_trained_seq"] == 96
+                       and s["step"] >= 2, timeout=120,
+                       what="the 96 signals scored and two steps taken")
+        assert "a training step's chunks run 2 at a time" in d.log()
+    finally:
+        assert d.stop() == 0
