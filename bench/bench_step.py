@@ -399,6 +399,26 @@ def _met(ratio: float) -> str:
     return "met" if ratio * CPU_TARGET_TIME_SHARE >= 1.0 else "NOT met"
 
 
+def verdict_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Per preset, the DESIGN target's verdict (gated's fastest way against PyTorch's
+    fastest on the same batch) and every equal-work ratio, as markdown bullets."""
+    target = (f"DESIGN section 6 CPU target, a step no slower than "
+              f"{CPU_TARGET_TIME_SHARE:g}x PyTorch-CPU time (torch/gated >= "
+              f"{1 / CPU_TARGET_TIME_SHARE:.2f})")
+    lines = []
+    for r in rows:
+        tb, gb = fastest(r, "torch"), fastest(r, "gated")
+        med, paired = ratio(r, tb, gb)
+        pairs = "; ".join(f"{t} / {g} {by_median:.2f} (per round {by_round:.2f})"
+                          for t, g in equal_work_pairs(r)
+                          for by_median, by_round in [ratio(r, t, g)])
+        lines.append(
+            f"- `{r['preset']}`, {target}: {_met(med)} -- gated's fastest way ({gb}) "
+            f"against PyTorch's fastest ({tb}) {med:.2f} (per round {paired:.2f}). At "
+            f"equal work: {pairs}.")
+    return lines
+
+
 def section_text(rows: list[dict[str, Any]], use_torch: bool, attn_impl: str,
                  command: str, load_before: float, load_after: float,
                  stream: bool = False) -> str:
@@ -417,20 +437,7 @@ def section_text(rows: list[dict[str, Any]], use_torch: bool, attn_impl: str,
     if any(r["preset"] == "tiny" for r in rows):
         notes.append("- `tiny` has max_seq_len 32, so its batch is the same mix scaled to "
                      "sources of at most 32 tokens (16x32x32).")
-    verdict = []
-    if use_torch:
-        target = (f"DESIGN section 6 CPU target, a step no slower than "
-                  f"{CPU_TARGET_TIME_SHARE:g}x PyTorch-CPU time (torch/gated >= "
-                  f"{1 / CPU_TARGET_TIME_SHARE:.2f})")
-        for r in rows:
-            tb, gb = fastest(r, "torch"), fastest(r, "gated")
-            med, paired = ratio(r, tb, gb)
-            pairs = "; ".join(f"{t} / {g} {ratio(r, t, g)[0]:.2f} (per round "
-                              f"{ratio(r, t, g)[1]:.2f})" for t, g in equal_work_pairs(r))
-            verdict.append(
-                f"- `{r['preset']}`, {target}: {_met(med)} -- gated's fastest way ({gb}) "
-                f"against PyTorch's fastest ({tb}) {med:.2f} (per round {paired:.2f}). At "
-                f"equal work: {pairs}.")
+    verdict = verdict_lines(rows) if use_torch else []
     the_batch = (
         "16 consecutive signals of the realistic stream (`gated.traffic`, seed 0, after "
         "its first 200: calls with their sessions' history, sources up to a few hundred "
@@ -525,8 +532,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['preset']}: first-step loss " + ", ".join(
             f"{k} {v:.6f}" for k, v in r["losses"].items()))
     if use_torch:
-        print("\n".join(section_text(rows, use_torch, args.torch_attn, "", load_before,
-                                     load_after).split("\n")[-len(rows) - 1:]))
+        print("\n".join(verdict_lines(rows)))
     print(f"load average (1 min): {load_before:.2f} before, {load_after:.2f} after")
     if not args.no_write:
         cmd = ".venv/bin/python bench/bench_step.py " + " ".join(

@@ -10,13 +10,12 @@ owns the threads (the engine starts none).
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
-from contextlib import AbstractContextManager, nullcontext
 from typing import TypeVar
 
-log = logging.getLogger(__name__)
+from threadpoolctl import ThreadpoolController
+
 _T = TypeVar("_T")
 
 
@@ -30,19 +29,7 @@ class ChunkCores:
             raise ValueError(f"ChunkCores needs at least 2 cores, got {width}")
         self.width = width
         self._pool = ThreadPoolExecutor(width - 1, thread_name_prefix="gated-chunk")
-        try:
-            from threadpoolctl import ThreadpoolController
-        except ImportError:  # a dependency; without it the cores share BLAS's threads
-            log.warning("threadpoolctl is not installed: a step's %d chunk threads run "
-                        "with BLAS's own thread count (oversubscribed)", width)
-            self._blas = None
-        else:
-            self._blas = ThreadpoolController()
-
-    def _one_blas_thread(self) -> AbstractContextManager:
-        if self._blas is None:
-            return nullcontext()
-        return self._blas.limit(limits=1, user_api="blas")
+        self._blas = ThreadpoolController()  # a dependency (pyproject.toml)
 
     def run(self, jobs: Sequence[Callable[[], _T]]) -> list[_T]:
         """The jobs' results, in order. Every job has finished when this returns or
@@ -52,7 +39,7 @@ class ChunkCores:
             return []
         if len(jobs) > self.width:
             raise ValueError(f"{len(jobs)} jobs for {self.width} cores")
-        with self._one_blas_thread():
+        with self._blas.limit(limits=1, user_api="blas"):
             futures = [self._pool.submit(job) for job in jobs[1:]]
             try:
                 first = jobs[0]()
