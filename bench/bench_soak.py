@@ -99,12 +99,12 @@ def children(pid: int) -> list[int]:
 class Daemon:
     """The daemon process: start, SIGHUP, kill -9 and restart, SIGTERM."""
 
-    def __init__(self, tmp: Path, preset: str) -> None:
+    def __init__(self, tmp: Path, preset: str, config: str = CONFIG) -> None:
         self.tmp, self.preset = tmp, preset
         self.sock = tmp / "gated.sock"
         self.state = tmp / "state"
         self.cfg = tmp / "gated.toml"
-        self.cfg.write_text(CONFIG)
+        self.cfg.write_text(config)
         self.log = tmp / "daemon.log"
         self.proc: subprocess.Popen | None = None
         self.starts = 0

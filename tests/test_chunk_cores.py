@@ -193,3 +193,42 @@ def test_a_daemon_whose_trainer_has_two_threads_steps_on_two_cores(tmp_path):
         assert "a training step's chunks run 2 at a time" in d.log()
     finally:
         assert d.stop() == 0
+
+
+def test_the_limit_holds_in_a_fresh_process_that_has_not_loaded_numpy():
+    """threadpoolctl limits only loaded libraries: the trainer process calls the limit
+    before it imports the engine, and until 2026-11-29 that left its OpenBLAS at a thread
+    per core (bench/bench_live.py: the trainer at ~1.5 of 2 cores). A fresh interpreter,
+    as a spawned trainer is, must come out at the limit."""
+    import ast
+    import os
+    import subprocess
+    import sys
+
+    code = ("from gated.daemon.blas import limit_blas_threads; print(limit_blas_threads(1)); "
+            "from threadpoolctl import threadpool_info; "
+            "print([p['num_threads'] for p in threadpool_info() if p['user_api'] == 'blas'])")
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS")}
+    reported, seen = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                                    text=True, check=True, env=env).stdout.split("\n")[:2]
+    assert reported == seen
+    assert ast.literal_eval(seen) and set(ast.literal_eval(seen)) == {1}
+
+
+def test_a_daemons_trainer_process_runs_blas_at_its_share_of_the_cores(tmp_path):
+    """A real `gated run` whose trainer gets one thread: its log reports the BLAS pools it
+    has after the limit (threadpool_info in the trainer process itself)."""
+    from daemon_proc import FAST, start
+
+    cfg = tmp_path / "gated.toml"
+    cfg.write_text("[daemon]\ntrainer_threads = 1\n" + FAST)
+    d = start(tmp_path, config=cfg)
+    try:
+        with d.client() as c:
+            c.ping()
+        wait_for = time.monotonic() + 60
+        while "trainer process: BLAS at" not in d.log() and time.monotonic() < wait_for:
+            time.sleep(0.1)
+        assert "trainer process: BLAS at [1] thread(s)" in d.log()
+    finally:
+        assert d.stop() == 0

@@ -36,6 +36,7 @@ from ..store import GroupCommitter, Store, StoreError
 from ..store.disk import check_free_space, disk_free, human
 from . import systemd
 from .access import AccessPolicy
+from .blas import limit_blas_threads
 from .connections import Connections
 from .metrics import Metrics
 from .ops import OpHandlers
@@ -51,17 +52,6 @@ log = logging.getLogger("gated")
 def weight_table(cfg: Config) -> WeightTable:
     return WeightTable(confirm=cfg.weights.confirm, override=cfg.weights.override,
                        escalation=tuple(cfg.weights.fp_fn))
-
-
-def limit_blas_threads(n: int) -> None:
-    """This process's BLAS pool: `serving.threads` (one row's GEMM gains nothing from more
-    threads, and extra threads contend with the trainer process)."""
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
-        log.warning("threadpoolctl is not installed: serving's BLAS threads are not limited")
-        return
-    threadpool_limits(limits=n)
 
 
 class Daemon(OpHandlers):

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config import RetentionConfig, TrainConfig
+from .blas import limit_blas_threads
 
 log = logging.getLogger("gated.trainer")
 
@@ -140,16 +141,6 @@ def _die_with_parent() -> None:
         pass  # not Linux: the control pipe's EOF still stops the trainer
 
 
-def _limit_threads(n: int) -> None:
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
-        log.warning("threadpoolctl is not installed: the trainer's BLAS threads are not "
-                    "limited to %d", n)
-        return
-    threadpool_limits(limits=n)
-
-
 def _listen(trainer: Any, conn: Any, wake: Any) -> None:
     """Control messages and wakes from the daemon, until it goes away."""
 
@@ -203,7 +194,9 @@ def run_trainer(spec: TrainerSpec, conn: Any, wake: Any) -> None:
         sys.exit(0)  # the daemon died before PDEATHSIG was set
     logging.basicConfig(level=spec.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s[trainer]: %(message)s")
-    _limit_threads(spec.threads)
+    blas = limit_blas_threads(spec.threads)
+    log.info("trainer process: BLAS at %s thread(s) of %d cores", blas or "no library,",
+             os.cpu_count() or 1)
     if spec.nice:
         try:
             os.nice(spec.nice)
