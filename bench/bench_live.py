@@ -143,6 +143,7 @@ def run(a: argparse.Namespace, tmp: Path) -> dict:
     bands: list[str] = []
     sources: dict[str, int] = {}
     latency: list[float] = []                 # seconds of each stream predict
+    acks: list[float] = []                    # seconds of each signal's acknowledgement
     rows: list[dict] = []
     late = 0.0                                # how far the loop fell behind its schedule
     try:
@@ -165,7 +166,9 @@ def run(a: argparse.Namespace, tmp: Path) -> dict:
                     sources[reply["source"]] = sources.get(reply["source"], 0) + 1
                     anchored.append((anchor.predict_proba(text), ev.true_allow))
                     sig["prediction_id"] = reply["prediction_id"]
+                t = time.perf_counter()
                 c.signal(sig)
+                acks.append(time.perf_counter() - t)
                 y, w = label_weight(ev.signal)
                 anchor.learn(text, y, w)
                 if not ev.is_correction and len(scored) % CHECK_EVERY == 0:
@@ -192,7 +195,8 @@ def run(a: argparse.Namespace, tmp: Path) -> dict:
     return {"rows": rows, "end_s": end, "drained_s": drained, "late_s": late, "cpu": cpu,
             "queue_max": max(during, default=0), "queue_end": during[-1] if during else 0,
             "steps": watch.latest()[2], "swaps": watch.latest()[4], "sources": sources,
-            "latency": np.array(latency), "ece": expected_calibration_error(p, y),
+            "latency": np.array(latency), "acks": np.array(acks),
+            "ece": expected_calibration_error(p, y),
             "brier": brier_score(p, y), "allow_precision": float(allow.mean()) if allow.size
             else float("nan"), "allow_share": allow.size / max(1, len(tail))}
 
@@ -225,7 +229,7 @@ def summary(r: dict, switch_at: int, rate: float) -> list[str]:
     first95 = next((x["n"] for x in rows if x["n"] <= switch_at and x["gated"] >= 0.95), None)
     back95 = next((x["n"] - switch_at for x in rows if x["n"] > switch_at
                    and x["gated"] >= 0.95), None)
-    lat = r["latency"] * 1e3
+    lat, ack = r["latency"] * 1e3, r["acks"] * 1e3
     trainer_cpu, serving_cpu, client_cpu = r["cpu"]
     ok = {k: sum(x[k] >= 0.90 for x in rows) for k in
           ("probe_unseen", "probe_unseen_block_recall", "probe_history")}
@@ -253,6 +257,9 @@ def summary(r: dict, switch_at: int, rate: float) -> list[str]:
         f"{np.percentile(lat, 50):.1f} ms, p99 {np.percentile(lat, 99):.1f} ms, max "
         f"{lat.max():.1f} ms; answered by " + ", ".join(
             f"{k} {v}" for k, v in sorted(r["sources"].items())),
+        f"- a signal's acknowledgement (round trip, {ack.size} signals): p50 "
+        f"{np.percentile(ack, 50):.1f} ms, p99 {np.percentile(ack, 99):.1f} ms, max "
+        f"{ack.max():.1f} ms",
         f"- last 2000 served, against the TRUE label: ECE {r['ece']:.3f}, Brier "
         f"{r['brier']:.3f}, allow-band precision {r['allow_precision']:.4f} "
         f"({100 * r['allow_share']:.0f}% answered `allow`)",
