@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import os
 import queue
+import shlex
 import sys
 import tempfile
 import threading
@@ -96,10 +97,12 @@ class ProbeAsker(threading.Thread):
         super().__init__(daemon=True)
         self.sock = sock
         self.jobs: queue.Queue = queue.Queue()
+        self.busy = threading.Event()  # set while a checkpoint's probes are being asked
 
     def run(self) -> None:
         with Client(self.sock) as c:
             while (job := self.jobs.get()) is not None:
+                self.busy.set()
                 row, unseen, hist = job
                 pu = [c.predict(e.signal["context"], e.signal.get("history"))["p_allow"]
                       for e in unseen]
@@ -109,6 +112,8 @@ class ProbeAsker(threading.Thread):
                 row.update(probe_unseen=_acc(pu, yu), probe_unseen_block_recall=_recall_block(
                     pu, yu), probe_history=_acc(ph, yh))
                 print(row_text(row), flush=True)
+                if self.jobs.empty():
+                    self.busy.clear()
 
     def finish(self) -> None:
         self.jobs.put(None)
@@ -143,6 +148,7 @@ def run(a: argparse.Namespace, tmp: Path) -> dict:
     bands: list[str] = []
     sources: dict[str, int] = {}
     latency: list[float] = []                 # seconds of each stream predict
+    probing: list[bool] = []                  # ... asked while the probes were asked too
     acks: list[float] = []                    # seconds of each signal's acknowledgement
     rows: list[dict] = []
     late = 0.0                                # how far the loop fell behind its schedule
@@ -161,6 +167,7 @@ def run(a: argparse.Namespace, tmp: Path) -> dict:
                     t = time.perf_counter()
                     reply = c.predict(sig["context"], sig.get("history"))
                     latency.append(time.perf_counter() - t)
+                    probing.append(asker.busy.is_set())
                     scored.append((reply["p_allow"], ev.true_allow))
                     bands.append(reply["band"])
                     sources[reply["source"]] = sources.get(reply["source"], 0) + 1
@@ -195,7 +202,8 @@ def run(a: argparse.Namespace, tmp: Path) -> dict:
     return {"rows": rows, "end_s": end, "drained_s": drained, "late_s": late, "cpu": cpu,
             "queue_max": max(during, default=0), "queue_end": during[-1] if during else 0,
             "steps": watch.latest()[2], "swaps": watch.latest()[4], "sources": sources,
-            "latency": np.array(latency), "acks": np.array(acks),
+            "latency": np.array(latency),
+            "probing": np.array(probing, dtype=bool), "acks": np.array(acks),
             "ece": expected_calibration_error(p, y),
             "brier": brier_score(p, y), "allow_precision": float(allow.mean()) if allow.size
             else float("nan"), "allow_share": allow.size / max(1, len(tail))}
@@ -230,6 +238,7 @@ def summary(r: dict, switch_at: int, rate: float) -> list[str]:
     back95 = next((x["n"] - switch_at for x in rows if x["n"] > switch_at
                    and x["gated"] >= 0.95), None)
     lat, ack = r["latency"] * 1e3, r["acks"] * 1e3
+    quiet = lat[~r["probing"]]
     trainer_cpu, serving_cpu, client_cpu = r["cpu"]
     ok = {k: sum(x[k] >= 0.90 for x in rows) for k in
           ("probe_unseen", "probe_unseen_block_recall", "probe_history")}
@@ -257,6 +266,10 @@ def summary(r: dict, switch_at: int, rate: float) -> list[str]:
         f"{np.percentile(lat, 50):.1f} ms, p99 {np.percentile(lat, 99):.1f} ms, max "
         f"{lat.max():.1f} ms; answered by " + ", ".join(
             f"{k} {v}" for k, v in sorted(r["sources"].items())),
+        *([] if r["probing"].all() else [
+            "- the same without the predicts asked while a checkpoint's probes were asked on "
+            f"the second connection ({quiet.size} calls): p50 {np.percentile(quiet, 50):.1f} "
+            f"ms, p99 {np.percentile(quiet, 99):.1f} ms, max {quiet.max():.1f} ms"]),
         f"- a signal's acknowledgement (round trip, {ack.size} signals): p50 "
         f"{np.percentile(ack, 50):.1f} ms, p99 {np.percentile(ack, 99):.1f} ms, max "
         f"{ack.max():.1f} ms",
@@ -295,7 +308,7 @@ def main() -> None:
         from docs_section import write_section
 
         heading = f"## Live daemon ({a.preset}, CPU{', ' + a.section if a.section else ''})"
-        cmd = " ".join(["`.venv/bin/python", "bench/bench_live.py", *sys.argv[1:]]) + "`"
+        cmd = f"`.venv/bin/python {shlex.join(['bench/bench_live.py', *sys.argv[1:]])}`"
         write_section(heading, "\n".join([heading, "", f"Command: {cmd}", "", head, "",
                                           TABLE_HEAD, *map(row_text, r["rows"]), "", *lines]))
 

@@ -1,0 +1,34 @@
+"""bench/bench_live.py end to end on a small stream: a real `gated run` (tiny, CPU), the
+realistic stream in real time over the real socket, and the report's figures consistent
+with what was sent (the numbers themselves are the benchmark's, not asserted here)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_a_short_live_stream_is_scored_and_fully_taken_in(tmp_path):
+    signals = 700
+    out = subprocess.run(
+        [sys.executable, "bench/bench_live.py", "--preset", "tiny", "--signals", str(signals),
+         "--switch-at", "450", "--rate", "100", "--probes", "20", "--drain-wait", "60"],
+        cwd=ROOT, capture_output=True, text=True, timeout=240,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": str(tmp_path)}).stdout
+    rows = [line.split(" | ") for line in out.splitlines() if re.match(r"\| \d+ \| v\d", line)]
+    assert [r[0] for r in rows] == ["| 500"], out  # one checkpoint of 500 ordinary signals
+    assert rows[0][1] == "v2"  # the change came at 450 signals, before the 500th scored
+    # the probes were asked through the daemon and filled in (not the placeholder nan)
+    assert "nan" not in rows[0][7] and "nan" not in rows[0][9], out
+    # every ordinary signal was asked and answered, every signal acknowledged ...
+    asked = int(re.search(r"round trip, (\d+) calls\)", out).group(1))
+    acked = int(re.search(r"round trip, (\d+) signals\)", out).group(1))
+    assert acked == signals and 500 <= asked < signals
+    # ... and the daemon's trainer took in the last of them after the stream
+    assert re.search(r"at the stream's end, 0 \d+ s later", out), out
+    assert re.search(r"CPU seconds over the stream: trainer \d+", out)
