@@ -27,6 +27,7 @@ this client (which shares the cores with the daemon, as a gateway on the same ho
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import queue
 import shlex
@@ -103,14 +104,16 @@ class ProbeAsker(threading.Thread):
         with Client(self.sock) as c:
             while (job := self.jobs.get()) is not None:
                 self.busy.set()
-                row, unseen, hist = job
+                row, unseen, hist, anchor = job
                 pu = [c.predict(e.signal["context"], e.signal.get("history"))["p_allow"]
                       for e in unseen]
                 ph = [c.predict(e.signal["context"], e.signal.get("history"))["p_allow"]
                       for e in hist]
                 yu, yh = [e.true_allow for e in unseen], [e.true_allow for e in hist]
                 row.update(probe_unseen=_acc(pu, yu), probe_unseen_block_recall=_recall_block(
-                    pu, yu), probe_history=_acc(ph, yh))
+                    pu, yu), probe_history=_acc(ph, yh),
+                    probe_unseen_anchor=_acc(_anchor_ps(anchor, unseen), yu),
+                    probe_history_anchor=_acc(_anchor_ps(anchor, hist), yh))
                 print(row_text(row), flush=True)
                 if self.jobs.empty():
                     self.busy.clear()
@@ -118,6 +121,11 @@ class ProbeAsker(threading.Thread):
     def finish(self) -> None:
         self.jobs.put(None)
         self.join()
+
+
+def _anchor_ps(anchor: HashedNgramLR, events: list) -> list[float]:
+    return [anchor.predict_proba(anchor_text(e.signal["context"], e.signal.get("history")))
+            for e in events]
 
 
 def row_text(r: dict) -> str:
@@ -210,8 +218,8 @@ def run(a: argparse.Namespace, tmp: Path) -> dict:
 
 
 def checkpoint(scored, anchored, latency, policy, status, probe, anchor, asker) -> dict:
-    """The row of the last 500 ordinary signals; the probes' gated columns are filled in by
-    the ProbeAsker (the anchor's here: it lives in this thread)."""
+    """The row of the last 500 ordinary signals; the probes' columns are filled in by the
+    ProbeAsker."""
     g, an = scored[-CHECK_EVERY:], anchored[-CHECK_EVERY:]
     lat = np.array(latency[-CHECK_EVERY:]) * 1e3
     unseen, hist = probe.sets()
@@ -220,15 +228,11 @@ def checkpoint(scored, anchored, latency, policy, status, probe, anchor, asker) 
            "gated": _acc(*zip(*g, strict=True)), "anchor": _acc(*zip(*an, strict=True)),
            **_paired(g, an), "block_recall": _recall_block(*zip(*g, strict=True)),
            "p50_ms": float(np.percentile(lat, 50)), "p99_ms": float(np.percentile(lat, 99)),
-           "probe_unseen": float("nan"), "probe_unseen_block_recall": float("nan"),
-           "probe_history": float("nan"),
-           "probe_unseen_anchor": _acc([anchor.predict_proba(anchor_text(
-               e.signal["context"], e.signal.get("history"))) for e in unseen],
-               [e.true_allow for e in unseen]),
-           "probe_history_anchor": _acc([anchor.predict_proba(anchor_text(
-               e.signal["context"], e.signal.get("history"))) for e in hist],
-               [e.true_allow for e in hist])}
-    asker.jobs.put((row, unseen, hist))
+           **dict.fromkeys(("probe_unseen", "probe_unseen_block_recall", "probe_history",
+                            "probe_unseen_anchor", "probe_history_anchor"), float("nan"))}
+    # the anchor as it is now, asked on the asker's thread: its 400 probes take seconds,
+    # which would hold up the stream here
+    asker.jobs.put((row, unseen, hist, copy.deepcopy(anchor)))
     return row
 
 
