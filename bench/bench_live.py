@@ -159,12 +159,13 @@ def run(a: argparse.Namespace, tmp: Path) -> dict:
     probing: list[bool] = []                  # ... asked while the probes were asked too
     acks: list[float] = []                    # seconds of each signal's acknowledgement
     rows: list[dict] = []
-    late = 0.0                                # how far the loop fell behind its schedule
+    late, late_at = 0.0, 0                    # how far the loop fell behind its schedule
     try:
         with Client(sock) as c:
             for i in range(a.signals):
                 due = t0 + i / a.rate
-                late = max(late, time.monotonic() - due)
+                if time.monotonic() - due > late:
+                    late, late_at = time.monotonic() - due, i
                 time.sleep(max(0.0, due - time.monotonic()))
                 if i == a.switch_at:
                     traffic.policy = probe.traffic.policy = "v2"
@@ -207,7 +208,8 @@ def run(a: argparse.Namespace, tmp: Path) -> dict:
     p, y = np.array([x for x, _ in tail]), np.array([float(t) for _, t in tail])
     allow = y[np.array(bands[-2000:]) == "allow"]
     during = [q for t, q, *_ in watch.samples if t <= end]
-    return {"rows": rows, "end_s": end, "drained_s": drained, "late_s": late, "cpu": cpu,
+    return {"rows": rows, "end_s": end, "drained_s": drained, "late_s": late,
+            "late_at": late_at, "cpu": cpu,
             "queue_max": max(during, default=0), "queue_end": during[-1] if during else 0,
             "steps": watch.latest()[2], "swaps": watch.latest()[4], "sources": sources,
             "latency": np.array(latency),
@@ -258,7 +260,8 @@ def summary(r: dict, switch_at: int, rate: float) -> list[str]:
         f"{ok['probe_unseen_block_recall']} (block recall on them), {ok['probe_history']} "
         f"(the history rule) of {len(rows)} checkpoints",
         f"- keeping up at {rate:g} signals/s: the stream took {r['end_s']:.0f} s (the client "
-        f"at most {r['late_s'] * 1e3:.0f} ms behind its schedule); the daemon's queue at most "
+        f"at most {r['late_s'] * 1e3:.0f} ms behind its schedule, at signal {r['late_at']}); "
+        f"the daemon's queue at most "
         f"{r['queue_max']}, {r['queue_end']} at the stream's end, "
         + (f"0 {r['drained_s']:.0f} s later" if r["drained_s"] is not None
            else "not drained in the wait")
