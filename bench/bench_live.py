@@ -203,13 +203,13 @@ def run(a: argparse.Namespace, tmp: Path) -> dict:
                time.process_time() - cpu0[2])
     finally:
         watch.stop.set()
-        daemon.stop()
+        stopped = daemon.stop()  # (exit status, seconds) after SIGTERM
     tail = scored[-2000:]
     p, y = np.array([x for x, _ in tail]), np.array([float(t) for _, t in tail])
     allow = y[np.array(bands[-2000:]) == "allow"]
     during = [q for t, q, *_ in watch.samples if t <= end]
     return {"rows": rows, "end_s": end, "drained_s": drained, "late_s": late,
-            "late_at": late_at, "cpu": cpu,
+            "late_at": late_at, "cpu": cpu, "stopped": stopped,
             "queue_max": max(during, default=0), "queue_end": during[-1] if during else 0,
             "steps": watch.latest()[2], "swaps": watch.latest()[4], "sources": sources,
             "latency": np.array(latency),
@@ -265,7 +265,8 @@ def summary(r: dict, switch_at: int, rate: float) -> list[str]:
         f"{r['queue_max']}, {r['queue_end']} at the stream's end, "
         + (f"0 {r['drained_s']:.0f} s later" if r["drained_s"] is not None
            else "not drained in the wait")
-        + f"; {r['steps']} trainer steps, {r['swaps']} swaps",
+        + f"; {r['steps']} trainer steps, {r['swaps']} swaps; SIGTERM: exit "
+        f"{r['stopped'][0]} after {r['stopped'][1]:.1f} s",
         f"- CPU seconds over the stream: trainer {trainer_cpu:.0f} ({trainer_cpu / r['end_s']:.2f}"
         f" of a core), serving process {serving_cpu:.0f} ({serving_cpu / r['end_s']:.2f}), "
         f"this client and its anchor {client_cpu:.0f} ({client_cpu / r['end_s']:.2f})",

@@ -31,4 +31,5 @@ def test_a_short_live_stream_is_scored_and_fully_taken_in(tmp_path):
     assert acked == signals and 500 <= asked < signals
     # ... and the daemon's trainer took in the last of them after the stream
     assert re.search(r"at the stream's end, 0 \d+ s later", out), out
+    assert re.search(r"SIGTERM: exit 0 after", out), out
     assert re.search(r"CPU seconds over the stream: trainer \d+", out)
