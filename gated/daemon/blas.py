@@ -3,8 +3,9 @@
 threadpoolctl limits only the libraries already loaded, so numpy (and with it OpenBLAS)
 is imported first. Without that the limit is a silent no-op and BLAS later starts with a
 thread per core: the trainer process limited itself before importing the engine until
-2026-11-29, so on a 2-core host its GEMMs ran on both cores, the serving core included
-(bench/bench_live.py measured the trainer at ~1.5 cores and predict p99 at 85 ms).
+2026-11-29, so on a 2-core host its GEMMs ran on both cores, the serving core included,
+at nice 10: ~1.4 cores of CPU for half the signals taken in (bench/bench_live.py and
+bench_predict.py, docs/learning.md "The daemon as deployed, in real time").
 """
 
 from __future__ import annotations
