@@ -73,7 +73,12 @@ def child_signals(cmd: dict) -> None:
 
 
 def child_checkpoints(cmd: dict) -> None:
-    """Save checkpoints whose every array encodes the step; publish the step as version."""
+    """Save checkpoints whose every array encodes the step; publish the step as version.
+    With ``piece_bytes`` each array is saved in pieces of that size (several write
+    transactions per array, so that kills land between them)."""
+    if "piece_bytes" in cmd:
+        from gated.store import checkpoint
+        checkpoint.PIECE_BYTES = cmd["piece_bytes"]
     store = Store(cmd["dir"], map_size=cmd.get("map_size", 256 * 1024))
     layout = [("w", (CKPT_N,))]
     info = store.checkpoint_info()

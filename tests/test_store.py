@@ -17,6 +17,7 @@ from gated.store import (
     GroupCommitter,
     Store,
     StoreError,
+    StoreFullError,
     backup,
     format_inspect,
     inspect,
@@ -444,6 +445,89 @@ def test_checkpoint_rejects_inconsistent_arrays(store):
         store.save_checkpoint(flat=z, m=z, v=z, step=1, last_trained_seq=0,
                               layout=LAYOUT[:1], config_fingerprint="fp")
     assert store.checkpoint_info() is None
+
+
+def _ckpt_keys(store) -> list[bytes]:
+    def fn(txn):
+        return list(txn.cursor(db=store._h.db("ckpt")).iternext(keys=True, values=False))
+    return store._h.read(fn)
+
+
+def test_checkpoint_in_pieces_round_trips_and_keeps_one_generation(store, monkeypatch):
+    """Arrays larger than a piece are split over several write transactions (LMDB's one
+    writer is held a piece at a time) and joined back exactly; a save replaces the older
+    generation's pieces."""
+    from gated.store import checkpoint
+
+    monkeypatch.setattr(checkpoint, "PIECE_BYTES", 64)  # 45 float32 = 180 bytes: 3 pieces
+    rng = np.random.default_rng(1)
+    for step in (1, 2):
+        flat, m, v = (rng.standard_normal(N).astype(np.float32) for _ in range(3))
+        fisher = rng.random(N)  # float64: 360 bytes, 6 pieces
+        store.save_checkpoint(flat=flat, m=m, v=v, step=step, last_trained_seq=step,
+                              layout=LAYOUT, config_fingerprint="fp", ewc={"fisher": fisher})
+        c = store.load_checkpoint(layout=LAYOUT, config_fingerprint="fp")
+        assert c.step == step
+        for got, want in ((c.flat, flat), (c.m, m), (c.v, v), (c.ewc["fisher"], fisher)):
+            assert got.dtype == want.dtype
+            np.testing.assert_array_equal(got, want)
+        keys = _ckpt_keys(store)
+        assert len(keys) == 1 + 3 * 3 + 6  # the head and ONE generation's pieces
+        assert len({k.split(b"/")[0] for k in keys if k != b"head"}) == 1
+
+
+def test_a_save_that_dies_before_its_head_leaves_the_last_checkpoint(store, monkeypatch):
+    """Pieces written, head not switched (a kill -9, a full disk at the last
+    transaction): the last checkpoint loads whole, and the next save deletes the pieces."""
+    from gated.store import checkpoint
+
+    monkeypatch.setattr(checkpoint, "PIECE_BYTES", 64)
+    one, two = np.full(N, 1.0, np.float32), np.full(N, 2.0, np.float32)
+    store.save_checkpoint(flat=one, m=one, v=one, step=1, last_trained_seq=10, layout=LAYOUT,
+                          config_fingerprint="fp")
+    kept = len(_ckpt_keys(store))
+
+    def dies(fn, *, what):
+        raise StoreFullError(f"{what}: the disk is full")
+    with monkeypatch.context() as mp:
+        mp.setattr(store, "_write_with_metrics", dies)
+        with pytest.raises(StoreFullError):
+            store.save_checkpoint(flat=two, m=two, v=two, step=2, last_trained_seq=20,
+                                  layout=LAYOUT, config_fingerprint="fp")
+    assert len(_ckpt_keys(store)) == 2 * kept - 1  # the dead save's pieces are there
+    c = store.load_checkpoint(layout=LAYOUT, config_fingerprint="fp")
+    assert c.step == 1 and c.last_trained_seq == 10 and np.all(c.flat == 1) and np.all(c.v == 1)
+    assert store.checkpoint_info()["step"] == 1
+    store.save_checkpoint(flat=two, m=two, v=two, step=3, last_trained_seq=30, layout=LAYOUT,
+                          config_fingerprint="fp")
+    assert len(_ckpt_keys(store)) == kept
+    c = store.load_checkpoint(layout=LAYOUT, config_fingerprint="fp")
+    assert c.step == 3 and np.all(c.m == 2)
+
+
+def test_a_checkpoint_written_before_pieces_loads_and_the_next_save_replaces_it(store):
+    """A state directory from before pieces: the head names no generation and the arrays
+    are single keys. It loads; the next save switches to pieces and deletes those keys."""
+    from gated.store.codec import pack
+
+    old = np.arange(N, dtype=np.float32)
+    head = {"format": 2, "step": 5, "last_trained_seq": 50,
+            "layout": [[n, list(s)] for n, s in LAYOUT], "config_fingerprint": "fp",
+            "dtype": old.dtype.str, "n": N, "ewc": {}, "extra": None, "saved_at": 0.0}
+
+    def legacy(txn):
+        db = store._db("ckpt")
+        for name, arr in (("flat", old), ("m", old * 2), ("v", old * 3)):
+            txn.put(name.encode(), arr.view(np.uint8), db=db)
+        txn.put(b"head", pack(head), db=db)
+    store._h.write(legacy, what="a checkpoint as written before pieces")
+    c = store.load_checkpoint(layout=LAYOUT, config_fingerprint="fp")
+    assert c.step == 5 and np.array_equal(c.flat, old) and np.array_equal(c.v, old * 3)
+    store.save_checkpoint(flat=old + 1, m=old, v=old, step=6, last_trained_seq=60,
+                          layout=LAYOUT, config_fingerprint="fp")
+    assert not {b"flat", b"m", b"v"} & set(_ckpt_keys(store))
+    c = store.load_checkpoint(layout=LAYOUT, config_fingerprint="fp")
+    assert c.step == 6 and np.array_equal(c.flat, old + 1)
 
 
 # --- published snapshots ------------------------------------------------------------------------

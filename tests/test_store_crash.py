@@ -163,8 +163,10 @@ def test_kill9_checkpoint_is_always_one_step(tmp_path, zygote):
     rnd = random.Random(7)
     last_ckpt = last_pub = 0
     for r in range(CHECKPOINT_ROUNDS):
+        # pieces of 64 KiB: each 200 KB array takes 4 write transactions, then the head's
         lines = zygote.run_and_kill({"mode": "checkpoints", "dir": state,
-                                     "map_size": 256 * 1024}, after=rnd.uniform(0.005, 0.05))
+                                     "map_size": 256 * 1024, "piece_bytes": 64 * 1024},
+                                    after=rnd.uniform(0.005, 0.05))
         for line in lines:
             kind, n = line.split()
             if kind == "ckpt":

@@ -1,9 +1,17 @@
-"""Checkpoints (the trainer's whole state, one transaction) and published weight snapshots.
+"""Checkpoints (the trainer's whole state, committed by one head) and published snapshots.
 
 ``ckpt`` database: ``b"head"`` (msgpack: step, last trained seq, layout, config
-fingerprint, dtype, EWC shapes, extra) and the raw arrays ``b"flat"``, ``b"m"``, ``b"v"``,
-``b"ewc/<name>"``. They are written in ONE transaction, so after a kill -9 the weights,
-AdamW moments, step and EWC state always come from the same step.
+fingerprint, dtype, EWC shapes, extra, and the generation its arrays are stored under)
+and the raw arrays ``flat``, ``m``, ``v``, ``ewc/<name>`` of that generation, in pieces of
+at most `PIECE_BYTES` (``b"g<gen>/<name>/<i>"``). A save writes a NEW generation's pieces,
+a transaction per piece, then one small transaction switches the head to it and deletes
+the old generation: after a kill -9 the head names a complete generation (weights, AdamW
+moments, step and EWC state of the same step), and the pieces of a save that died are
+deleted by the next one. Why pieces: LMDB has one writer, and flint's 90 MB in one
+transaction held it 0.3-0.4 s, during which no signal could be committed (signal acks
+waited up to ~0.5 s in bench/bench_live.py); a piece holds it ~10-30 ms.
+Checkpoints written before pieces (the arrays under ``b"flat"``, ... and no generation in
+the head) still load; the first save after them deletes those keys.
 
 ``published`` database: ``b"current"`` -> version, ``b"h" + u64(version)`` -> head,
 ``b"v" + u64(version)`` -> raw weights. Readers (other processes) read head and weights in
@@ -55,6 +63,18 @@ class Checkpoint:
 
 def normalize_layout(layout: Sequence[tuple[str, Sequence[int]]]) -> Layout:
     return [(str(name), tuple(int(d) for d in shape)) for name, shape in layout]
+
+
+#: Bytes of a checkpoint array per write transaction (see the module's docstring).
+PIECE_BYTES = 8 << 20
+
+
+def _piece_key(gen: int, name: str, i: int) -> bytes:
+    return f"g{gen:016x}/{name}/{i:06d}".encode()
+
+
+def _gen_prefix(gen: int) -> bytes:
+    return f"g{gen:016x}/".encode()
 
 
 #: 2 (2026-11-23): the source encoding and gate of DESIGN.md 1's revision (a segment
@@ -149,33 +169,65 @@ class Checkpoints(StoreBase):
         if lay and _n_params(lay) != n:
             raise ValueError(f"layout describes {_n_params(lay)} parameters, flat has {n}")
         ewc_arrays = {str(k): _flat_array(f"ewc/{k}", a) for k, a in (ewc or {}).items()}
+        named = {**arrays, **{f"ewc/{k}": a for k, a in ewc_arrays.items()}}
+        raw = {name: a.reshape(-1).view(np.uint8) for name, a in named.items()}
+        old_gen = self._checkpoint_gen()
+        gen = (old_gen or 0) + 1
         head = {"format": CHECKPOINT_FORMAT, "step": int(step),
                 "last_trained_seq": int(last_trained_seq),
                 "layout": [[name, list(shape)] for name, shape in lay],
                 "config_fingerprint": str(config_fingerprint),
                 "dtype": arrays["flat"].dtype.str, "n": int(n),
                 "ewc": {k: [a.dtype.str, list(a.shape)] for k, a in ewc_arrays.items()},
-                "extra": dict(extra) if extra is not None else None, "saved_at": time.time()}
+                "extra": dict(extra) if extra is not None else None, "saved_at": time.time(),
+                "gen": gen, "pieces": {name: max(1, -(-b.size // PIECE_BYTES))
+                                       for name, b in raw.items()}}
         head_bytes = pack(head)
+        what = f"checkpoint of step {step}"
+        # the pieces of a save that died before its head (none, normally)
+        self._h.write(lambda txn: self._delete_generations(txn, keep=old_gen, legacy=False),
+                      what=what)
+        for name, b in raw.items():
+            for i in range(head["pieces"][name]):
+                piece = b[i * PIECE_BYTES:(i + 1) * PIECE_BYTES]
 
-        def fn(txn: lmdb.Transaction) -> None:
+                def put(txn: lmdb.Transaction, key: bytes = _piece_key(gen, name, i),
+                        piece: np.ndarray = piece) -> None:
+                    txn.put(key, piece, db=self._db("ckpt"))
+                self._h.write(put, what=what)
+
+        def switch(txn: lmdb.Transaction) -> None:
             db = self._db("ckpt")
-            old = txn.get(b"head", db=db)
-            if old is not None:
-                for k in unpack(old).get("ewc", {}):
-                    if k not in ewc_arrays:
-                        txn.delete(b"ewc/" + k.encode(), db=db)
-            for name, arr in arrays.items():
-                txn.put(name.encode(), arr.reshape(-1).view(np.uint8), db=db)
-            for k, arr in ewc_arrays.items():
-                txn.put(b"ewc/" + k.encode(), arr.reshape(-1).view(np.uint8), db=db)
             txn.put(b"head", head_bytes, db=db)
+            self._delete_generations(txn, keep=gen, legacy=True)
             self._meta_put_int(txn, b"step", int(step))
             self._meta_put_int(txn, b"last_trained_seq", int(last_trained_seq))
             txn.put(b"config_fingerprint", str(config_fingerprint).encode(),
                     db=self._db("meta"))
 
-        self._write_with_metrics(fn, what=f"checkpoint of step {step}")
+        self._write_with_metrics(switch, what=what)
+
+    def _checkpoint_gen(self) -> int | None:
+        """The generation the committed head names (None: no checkpoint, or one written
+        before pieces)."""
+        def fn(txn: lmdb.Transaction) -> int | None:
+            db = self._h.db("ckpt")
+            raw = txn.get(b"head", db=db) if db is not None else None
+            return unpack(raw).get("gen") if raw is not None else None
+        return self._h.read(fn)
+
+    def _delete_generations(self, txn: lmdb.Transaction, keep: int | None,
+                            legacy: bool) -> None:
+        """Delete the pieces of every generation but `keep` (older ones, a dead save's)
+        and, with `legacy`, the arrays written before pieces: only once a head no longer
+        names them."""
+        db = self._db("ckpt")
+        kept = _gen_prefix(keep) if keep is not None else None
+        doomed = [k for k in txn.cursor(db=db).iternext(keys=True, values=False)
+                  if k != b"head" and not (kept and k.startswith(kept))
+                  and (legacy or k.startswith(b"g"))]
+        for k in doomed:
+            txn.delete(k, db=db)
 
     def checkpoint_info(self) -> dict[str, Any] | None:
         """The checkpoint's head (step, last trained seq, fingerprint, ...) without arrays."""
@@ -213,17 +265,39 @@ class Checkpoints(StoreBase):
                 raise CheckpointMismatch(_mismatch_message(
                     self.path, head["config_fingerprint"], stored, config_fingerprint, want))
 
-            def get(key: bytes, dtype: str, shape: Sequence[int]) -> np.ndarray:
-                buf = txn.get(key, db=db)
-                if buf is None:
-                    raise StoreError(f"checkpoint in {self.path} lacks {key.decode()}: the "
-                                     "state is damaged; restore a backup or --reinit")
-                return _copy_out(buf, dtype, shape)
+            gen = head.get("gen")
+
+            def missing(key: bytes) -> StoreError:
+                return StoreError(f"checkpoint in {self.path} lacks {key.decode()}: the state "
+                                  "is damaged; restore a backup or --reinit")
+
+            def get(name: str, dtype: str, shape: Sequence[int]) -> np.ndarray:
+                if gen is None:  # written before pieces
+                    buf = txn.get(name.encode(), db=db)
+                    if buf is None:
+                        raise missing(name.encode())
+                    return _copy_out(buf, dtype, shape)
+                out = np.empty(tuple(shape), dtype=np.dtype(dtype))
+                dst, at = out.reshape(-1).view(np.uint8), 0
+                for i in range(head["pieces"][name]):
+                    buf = txn.get(_piece_key(gen, name, i), db=db)
+                    if buf is None:
+                        raise missing(_piece_key(gen, name, i))
+                    piece = np.frombuffer(buf, dtype=np.uint8)
+                    if at + piece.size > dst.size:
+                        break
+                    dst[at:at + piece.size] = piece
+                    at += piece.size
+                if at != dst.size:
+                    raise StoreError(f"stored array {name!r} does not have the {dst.size} "
+                                     f"bytes its head says: the state is damaged; restore a "
+                                     "backup (`gated backup`) or --reinit")
+                return out
 
             n, dt = head["n"], head["dtype"]
-            ewc = {k: get(b"ewc/" + k.encode(), d, s) for k, (d, s) in head["ewc"].items()}
-            return Checkpoint(flat=get(b"flat", dt, (n,)), m=get(b"m", dt, (n,)),
-                              v=get(b"v", dt, (n,)), step=head["step"],
+            ewc = {k: get(f"ewc/{k}", d, s) for k, (d, s) in head["ewc"].items()}
+            return Checkpoint(flat=get("flat", dt, (n,)), m=get("m", dt, (n,)),
+                              v=get("v", dt, (n,)), step=head["step"],
                               last_trained_seq=head["last_trained_seq"], layout=stored,
                               config_fingerprint=head["config_fingerprint"],
                               ewc=ewc or None, extra=head.get("extra"),
