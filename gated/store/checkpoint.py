@@ -154,7 +154,8 @@ class Checkpoints(StoreBase):
                         last_trained_seq: int, layout: Sequence[tuple[str, Sequence[int]]],
                         config_fingerprint: str, ewc: Mapping[str, np.ndarray] | None = None,
                         extra: Mapping[str, Any] | None = None) -> None:
-        """Commit the trainer's whole state in ONE transaction (returns after the commit).
+        """Commit the trainer's whole state: its arrays a piece per transaction, then the
+        head that names them in one (returns after that commit; the module says why).
 
         ``extra`` must be msgpack-serialisable (numbers, strings, lists, dicts).
         """
