@@ -22,6 +22,9 @@ saw it, calibration against TRUE, and the CPU seconds of the trainer, of serving
 this client (which shares the cores with the daemon, as a gateway on the same host would).
 
     .venv/bin/python bench/bench_live.py --signals 12000 --switch-at 4000 --write
+
+`--device cuda` starts the daemon on the GPU (its trainer and serving snapshot on CuPy); not
+run on a device yet.
 """
 
 from __future__ import annotations
@@ -142,8 +145,12 @@ def run(a: argparse.Namespace, tmp: Path) -> dict:
     probe = Probes(GatewayTraffic(seed=a.seed), a.probes, a.seed + 1000)
     anchor = HashedNgramLR()
     extra = f"\n[daemon]\ntrainer_threads = {a.trainer_threads}\n" if a.trainer_threads else ""
-    daemon = Daemon(tmp, a.preset, config=extra)
-    print(f"(daemon ready in {daemon.start():.1f} s; log {daemon.log})", flush=True)
+    daemon = Daemon(tmp, a.preset, config=extra, device=a.device)
+    try:
+        print(f"(daemon ready in {daemon.start():.1f} s; log {daemon.log})", flush=True)
+    except RuntimeError as e:  # its log goes with the temp dir: show its end now
+        tail = daemon.log.read_text(errors="replace").splitlines()[-15:]
+        raise SystemExit(f"{e}; its last lines:\n" + "\n".join(tail)) from None
     sock = str(daemon.sock)
     t0 = time.monotonic()
     watch, asker = Watch(sock, t0), ProbeAsker(sock)
@@ -296,6 +303,9 @@ def main() -> None:
     ap.add_argument("--switch-at", type=int, default=4000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--probes", type=int, default=200)
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                    help="the daemon's --device (cuda: its trainer and serving on the GPU; "
+                         "never measured yet)")
     ap.add_argument("--trainer-threads", type=int, default=0,
                     help="daemon.trainer_threads (0: the daemon's default)")
     ap.add_argument("--drain-wait", type=float, default=120.0,
@@ -303,7 +313,8 @@ def main() -> None:
     ap.add_argument("--write", action="store_true", help="record in docs/benchmarks.md")
     ap.add_argument("--section", default=None, help="heading suffix for docs/benchmarks.md")
     a = ap.parse_args()
-    head = (f"Machine: {machine()}. A real `gated run` (preset {a.preset}, CPU, defaults"
+    where = a.device.upper() if a.device == "cpu" else "GPU (--device cuda)"
+    head = (f"Machine: {machine()}. A real `gated run` (preset {a.preset}, {where}, defaults"
             + (f", trainer_threads {a.trainer_threads}" if a.trainer_threads else "")
             + f"); stream: gated.traffic seed {a.seed}, {a.signals} signals at {a.rate:g}/s "
             f"of real time, policy v1 -> v2 after {a.switch_at}.")
@@ -315,7 +326,8 @@ def main() -> None:
     if a.write:
         from docs_section import write_section
 
-        heading = f"## Live daemon ({a.preset}, CPU{', ' + a.section if a.section else ''})"
+        heading = (f"## Live daemon ({a.preset}, {'CPU' if a.device == 'cpu' else 'GPU'}"
+                   f"{', ' + a.section if a.section else ''})")
         cmd = f"`.venv/bin/python {shlex.join(['bench/bench_live.py', *sys.argv[1:]])}`"
         write_section(heading, "\n".join([heading, "", f"Command: {cmd}", "", head, "",
                                           TABLE_HEAD, *map(row_text, r["rows"]), "", *lines]))

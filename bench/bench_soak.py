@@ -99,8 +99,9 @@ def children(pid: int) -> list[int]:
 class Daemon:
     """The daemon process: start, SIGHUP, kill -9 and restart, SIGTERM."""
 
-    def __init__(self, tmp: Path, preset: str, config: str = CONFIG) -> None:
-        self.tmp, self.preset = tmp, preset
+    def __init__(self, tmp: Path, preset: str, config: str = CONFIG,
+                 device: str = "cpu") -> None:
+        self.tmp, self.preset, self.device = tmp, preset, device
         self.sock = tmp / "gated.sock"
         self.state = tmp / "state"
         self.cfg = tmp / "gated.toml"
@@ -114,7 +115,7 @@ class Daemon:
         cmd = [sys.executable, "-m", "gated.cli", "run", "--config", str(self.cfg),
                "--state-dir", str(self.state), "--socket", str(self.sock),
                "--metrics-addr", f"127.0.0.1:{free_port()}", "--preset", self.preset,
-               "--device", "cpu"]
+               "--device", self.device]
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
                                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
