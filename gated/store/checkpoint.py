@@ -120,14 +120,20 @@ def _flat_array(name: str, a: Any) -> np.ndarray:
     return arr
 
 
-def _copy_out(buf: memoryview | bytes, dtype: str, shape: Sequence[int]) -> np.ndarray:
-    """One copy straight from the LMDB map into a fresh, writable array."""
+def _copy_out(bufs: Sequence[memoryview | bytes], dtype: str,
+              shape: Sequence[int]) -> np.ndarray:
+    """One copy straight from the LMDB map (an array's buffers in order: one, or a
+    checkpoint's pieces) into a fresh, writable array."""
     out = np.empty(tuple(shape), dtype=np.dtype(dtype))
-    src = np.frombuffer(buf, dtype=np.uint8)
-    if src.size != out.nbytes:
-        raise StoreError(f"stored array has {src.size} bytes, expected {out.nbytes}: the "
+    srcs = [np.frombuffer(buf, dtype=np.uint8) for buf in bufs]
+    stored = sum(src.size for src in srcs)
+    if stored != out.nbytes:
+        raise StoreError(f"stored array has {stored} bytes, expected {out.nbytes}: the "
                          "state is damaged; restore a backup (`gated backup`) or --reinit")
-    out.reshape(-1).view(np.uint8)[:] = src
+    dst, at = out.reshape(-1).view(np.uint8), 0
+    for src in srcs:
+        dst[at:at + src.size] = src
+        at += src.size
     return out
 
 
@@ -144,7 +150,7 @@ def _read_published(h: Any, txn: lmdb.Transaction) -> tuple[int, np.ndarray, dic
     if head is None or blob is None:
         raise StoreError(f"published version {version} is incomplete in {h.path}")
     info = unpack(head)
-    return version, _copy_out(blob, info["dtype"], (info["n"],)), info
+    return version, _copy_out([blob], info["dtype"], (info["n"],)), info
 
 
 class Checkpoints(StoreBase):
@@ -172,8 +178,10 @@ class Checkpoints(StoreBase):
         ewc_arrays = {str(k): _flat_array(f"ewc/{k}", a) for k, a in (ewc or {}).items()}
         named = {**arrays, **{f"ewc/{k}": a for k, a in ewc_arrays.items()}}
         raw = {name: a.reshape(-1).view(np.uint8) for name, a in named.items()}
-        old_gen = self._checkpoint_gen()
-        gen = (old_gen or 0) + 1
+        what = f"checkpoint of step {step}"
+        # the committed head's generation; the pieces of a save that died before its head
+        # (none, normally) are deleted in the same transaction
+        gen = (self._h.write(self._drop_dead_pieces, what=what) or 0) + 1
         head = {"format": CHECKPOINT_FORMAT, "step": int(step),
                 "last_trained_seq": int(last_trained_seq),
                 "layout": [[name, list(shape)] for name, shape in lay],
@@ -184,10 +192,6 @@ class Checkpoints(StoreBase):
                 "gen": gen, "pieces": {name: max(1, -(-b.size // PIECE_BYTES))
                                        for name, b in raw.items()}}
         head_bytes = pack(head)
-        what = f"checkpoint of step {step}"
-        # the pieces of a save that died before its head (none, normally)
-        self._h.write(lambda txn: self._delete_generations(txn, keep=old_gen, legacy=False),
-                      what=what)
         for name, b in raw.items():
             for i in range(head["pieces"][name]):
                 piece = b[i * PIECE_BYTES:(i + 1) * PIECE_BYTES]
@@ -208,14 +212,13 @@ class Checkpoints(StoreBase):
 
         self._write_with_metrics(switch, what=what)
 
-    def _checkpoint_gen(self) -> int | None:
-        """The generation the committed head names (None: no checkpoint, or one written
-        before pieces)."""
-        def fn(txn: lmdb.Transaction) -> int | None:
-            db = self._h.db("ckpt")
-            raw = txn.get(b"head", db=db) if db is not None else None
-            return unpack(raw).get("gen") if raw is not None else None
-        return self._h.read(fn)
+    def _drop_dead_pieces(self, txn: lmdb.Transaction) -> int | None:
+        """Delete the pieces no committed head names; returns the generation the head
+        names (None: no checkpoint, or one written before pieces)."""
+        raw = txn.get(b"head", db=self._db("ckpt"))
+        gen = unpack(raw).get("gen") if raw is not None else None
+        self._delete_generations(txn, keep=gen, legacy=False)
+        return gen
 
     def _delete_generations(self, txn: lmdb.Transaction, keep: int | None,
                             legacy: bool) -> None:
@@ -268,32 +271,15 @@ class Checkpoints(StoreBase):
 
             gen = head.get("gen")
 
-            def missing(key: bytes) -> StoreError:
-                return StoreError(f"checkpoint in {self.path} lacks {key.decode()}: the state "
-                                  "is damaged; restore a backup or --reinit")
-
             def get(name: str, dtype: str, shape: Sequence[int]) -> np.ndarray:
-                if gen is None:  # written before pieces
-                    buf = txn.get(name.encode(), db=db)
+                keys = ([name.encode()] if gen is None  # written before pieces
+                        else [_piece_key(gen, name, i) for i in range(head["pieces"][name])])
+                bufs = [txn.get(key, db=db) for key in keys]
+                for key, buf in zip(keys, bufs, strict=True):
                     if buf is None:
-                        raise missing(name.encode())
-                    return _copy_out(buf, dtype, shape)
-                out = np.empty(tuple(shape), dtype=np.dtype(dtype))
-                dst, at = out.reshape(-1).view(np.uint8), 0
-                for i in range(head["pieces"][name]):
-                    buf = txn.get(_piece_key(gen, name, i), db=db)
-                    if buf is None:
-                        raise missing(_piece_key(gen, name, i))
-                    piece = np.frombuffer(buf, dtype=np.uint8)
-                    if at + piece.size > dst.size:
-                        break
-                    dst[at:at + piece.size] = piece
-                    at += piece.size
-                if at != dst.size:
-                    raise StoreError(f"stored array {name!r} does not have the {dst.size} "
-                                     f"bytes its head says: the state is damaged; restore a "
-                                     "backup (`gated backup`) or --reinit")
-                return out
+                        raise StoreError(f"checkpoint in {self.path} lacks {key.decode()}: "
+                                         "the state is damaged; restore a backup or --reinit")
+                return _copy_out(bufs, dtype, shape)
 
             n, dt = head["n"], head["dtype"]
             ewc = {k: get(f"ewc/{k}", d, s) for k, (d, s) in head["ewc"].items()}
@@ -373,7 +359,7 @@ class Checkpoints(StoreBase):
             if head is None or blob is None:
                 return None
             info = unpack(head)
-            return _copy_out(blob, info["dtype"], (info["n"],))
+            return _copy_out([blob], info["dtype"], (info["n"],))
         return self._h.read(fn, buffers=True)
 
     def published_info(self) -> dict[str, Any] | None:
