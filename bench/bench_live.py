@@ -50,6 +50,7 @@ from anchor import HashedNgramLR, anchor_text, label_weight  # noqa: E402
 from bench_learning import CHECK_EVERY, Probes, _acc, _paired, _recall_block  # noqa: E402
 from bench_soak import Daemon  # noqa: E402
 from docs_section import machine  # noqa: E402
+from learning_report import reached_95  # noqa: E402
 
 from gated.client import Client  # noqa: E402
 from gated.online import brier_score, expected_calibration_error  # noqa: E402
@@ -239,17 +240,15 @@ def checkpoint(scored, anchored, latency, policy, status, probe, anchor, asker) 
            "p50_ms": float(np.percentile(lat, 50)), "p99_ms": float(np.percentile(lat, 99)),
            **dict.fromkeys(("probe_unseen", "probe_unseen_block_recall", "probe_history",
                             "probe_unseen_anchor", "probe_history_anchor"), float("nan"))}
-    # the anchor as it is now, asked on the asker's thread: its 400 probes take seconds,
-    # which would hold up the stream here
+    # the anchor as it is now, asked on the asker's thread with the gated probes (~0.1 s
+    # for its 400 here, off the stream's thread while this one goes on teaching it)
     asker.jobs.put((row, unseen, hist, copy.deepcopy(anchor)))
     return row
 
 
 def summary(r: dict, switch_at: int, rate: float) -> list[str]:
     rows = r["rows"]
-    first95 = next((x["n"] for x in rows if x["n"] <= switch_at and x["gated"] >= 0.95), None)
-    back95 = next((x["n"] - switch_at for x in rows if x["n"] > switch_at
-                   and x["gated"] >= 0.95), None)
+    first95, back95 = reached_95(rows, switch_at)
     lat, ack = r["latency"] * 1e3, r["acks"] * 1e3
     quiet = lat[~r["probing"]]
     trainer_cpu, serving_cpu, client_cpu = r["cpu"]

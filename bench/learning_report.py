@@ -121,12 +121,19 @@ def _right_after(r: dict) -> list[str]:
             f"{x['probe_unseen_anchor']:.3f}"]
 
 
-def summary(r: dict) -> list[str]:
-    rows, switch = r["rows"], r["switch_at"]
-    beats = all(x["gated"] > x["anchor"] for x in rows)
+def reached_95(rows: list[dict], switch: int) -> tuple[int | None, int | None]:
+    """(the first checkpoint before the change with gated >= 0.95 over its last 500, the
+    signals after the change until a checkpoint is back at >= 0.95); None: not reached."""
     first95 = next((x["n"] for x in rows if x["n"] <= switch and x["gated"] >= 0.95), None)
     back95 = next((x["n"] - switch for x in rows if x["n"] > switch and x["gated"] >= 0.95),
                   None)
+    return first95, back95
+
+
+def summary(r: dict) -> list[str]:
+    rows, switch = r["rows"], r["switch_at"]
+    beats = all(x["gated"] > x["anchor"] for x in rows)
+    first95, back95 = reached_95(rows, switch)
     pre = [x for x in rows if x["n"] <= switch]
     last_pre = pre[-1] if pre else rows[-1]
     return [
