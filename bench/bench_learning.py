@@ -291,7 +291,9 @@ def run(preset: str, lr: float, rate: float, n_signals: int, switch_at: int, see
                     parts.append((z - z_deep, z_deep, ev.true_allow))
                     if trace_file is not None:
                         trace_file.write(json.dumps({
-                            "seq": seq, "t": round(clock, 3), "steps": steps, "p": p,
+                            "seq": seq, "t": round(clock, 3), "steps": steps,
+                            "version": trainer.serving.current.version,
+                            "trained_seq": trainer.status.last_trained_seq, "p": p,
                             "z": z, "z_deep": z_deep, "anchor_p": pa,
                             "true_allow": ev.true_allow, "context": ev.signal["context"],
                             "history": ev.signal.get("history"), "allow_open": allow_open,

@@ -585,6 +585,23 @@ def with_adagrad_init(step, g0: float, pair: bool):
     return step_from_g0
 
 
+def with_sum_decay(step, rho: float, pair: bool):
+    """`WideAdaGrad._step` whose squared-gradient sums forget: G <- rho G + g^2 at every
+    step of a weight (the linear table's; the pair tables' too with `pair`), RMSprop's
+    sums kept per touch. Why: AdaGrad's sums are dominated by the first, large gradients
+    of a feature, so after thousands of confident signals a feature's step is still sized
+    by them, and a policy change that contradicts it moves it slowly; forgotten sums
+    size the step by recent gradients, small while the feature is right."""
+    def decayed_step(self, table, sums, d_idx, now, g, lr):
+        if table is not self.w and not pair:
+            return step(self, table, sums, d_idx, now, g, lr)
+        g2 = rho * self._host(sums[d_idx]).astype(np.float64) + g * g
+        sums[d_idx] = self.xp.asarray(g2, dtype=sums.dtype)
+        table[d_idx] = self.xp.asarray(now - lr * g / (np.sqrt(g2) + self.eps),
+                                       dtype=table.dtype)
+    return decayed_step
+
+
 def with_ngram_scale(wide_features, scale: float):
     """`wide.wide_features` with the call segment's n-gram values times `scale`."""
     def scaled(ids, segs, n_max, buckets, history_scale=1.0, bias=1.0):
@@ -739,6 +756,9 @@ def main() -> None:
         elif exp.startswith("adagrad-init="):  # adagrad-init=G0[:pair]
             g0, *opts = exp.split("=", 1)[1].split(":")
             WideAdaGrad._step = with_adagrad_init(WideAdaGrad._step, float(g0), "pair" in opts)
+        elif exp.startswith("sum-decay="):  # sum-decay=RHO[:pair]
+            rho, *opts = exp.split("=", 1)[1].split(":")
+            WideAdaGrad._step = with_sum_decay(WideAdaGrad._step, float(rho), "pair" in opts)
         elif exp.startswith("ngram-scale="):
             tokenizer.wide_features = with_ngram_scale(tokenizer.wide_features,
                                                        float(exp.split("=", 1)[1]))

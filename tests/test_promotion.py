@@ -260,3 +260,57 @@ def test_the_wide_paths_progress_is_judged_by_sparse_dots_not_held_back(tmp_path
     assert rows == [len(new)], "the serving model re-scored more than the new examples"
     assert gate.judge_seconds == 3600.0  # a cheap judgement is not rationed
     store.close()
+
+
+def test_the_wide_paths_progress_is_published_while_a_new_transformer_waits(tmp_path):
+    """After a transformer step the full judgement is a forward of the whole slice, rationed
+    to its share of the trainer's time; meanwhile the wide path's progress is published
+    beside the SERVING transformer, judged by sparse dots (the candidate published is the
+    one judged), a worse one is refused, and a rollback restores the published weights.
+    Without it flint on a 2-core CPU served weights 270-340 signals old."""
+    from gated.engine.layout import slots
+
+    store, trainer, serving, events = _trained(tmp_path)
+    gate = trainer.promotion
+    trainer._steps_since_swap += 1
+    assert trainer._maybe_swap(force=True) is True  # judged in full, published
+    before = serving.current.model.flat.copy()
+    version = trainer.status.version
+    # a transformer step (its weights changed) whose judgement the time share defers
+    trainer.model.params["gate.w"][...] *= 1.5
+    trainer._deep_version += 1
+    trainer._steps_since_swap += 1
+    gate.judge_seconds, gate._judged_at = 3600.0, gate.clock()
+    assert not gate.due(trainer._deep_version, serving)
+    # ... while the wide path learned
+    trainer.model.params["wide.w"][...] *= 1.01
+    trainer.wide_path.dirty = True
+    assert gate.due_wide(serving)
+    assert trainer._maybe_swap(force=False) is True and trainer.status.version == version + 1
+    assert events.decisions[-1]["reason"].startswith("the wide path's progress")
+
+    flat = trainer.model.flat
+    published_version, published, _ = store.load_published_head()
+    assert published_version == version + 1
+    wide = [s for s in slots(trainer.model.layout) if s.name.startswith("wide.")]
+    assert wide
+    is_wide = np.zeros(flat.size, dtype=bool)
+    for s in wide:
+        is_wide[s.offset:s.offset + s.size] = True
+    for got in (published, serving.current.model.flat):
+        np.testing.assert_array_equal(got[is_wide], flat[is_wide])  # the training wide path
+        np.testing.assert_array_equal(got[~is_wide], before[~is_wide])  # serving's transformer
+    assert not np.array_equal(flat[~is_wide], before[~is_wide])  # the new one still waits
+    assert trainer._steps_since_swap >= 1 and not trainer.wide_path.dirty
+
+    # a worse wide path is refused: serving keeps its version
+    trainer.model.params["wide.w"][...] *= -50.0
+    trainer.wide_path.dirty = True
+    trainer._last_swap_time = float("-inf")
+    assert trainer._maybe_swap(force=False) is False
+    assert trainer.status.version == version + 1 and serving.current.version == version + 1
+    assert not events.decisions[-1]["published"]
+    # a rollback goes back to what was published: serving's transformer, the published wide
+    trainer._rollback("test")
+    np.testing.assert_array_equal(trainer.model.flat, published)
+    store.close()

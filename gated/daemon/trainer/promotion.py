@@ -174,6 +174,41 @@ class PromotionGate:
         if rows > CHEAP_ROWS:  # only a judgement with a real forward is rationed
             self._judged_at = self.clock()
             self.judge_seconds = self._judged_at - t0
+        return self._decide(z_cand, z_serve, labels, n)
+
+    def due_wide(self, serving: Any) -> bool:
+        """May the wide path's progress alone be judged now (`judge_wide`)? When the
+        serving snapshot's logits lack at most CHEAP_ROWS of the slice: the candidate's
+        transformer part is the serving one's, so nothing else needs a forward."""
+        if not self.enabled or len(self.ring) < self.min_examples:
+            return True
+        snap = serving.current
+        known = self._z_serving[1] if self._z_serving[0] == snap.version else {}
+        return sum(ex["seq"] not in known for ex in self.ring) <= CHEAP_ROWS
+
+    def judge_wide(self, model: Any, serving: Any) -> PromotionDecision:
+        """Judge the candidate made of the serving snapshot's transformer and the training
+        model's wide path (what `Publication` publishes while a new transformer waits for
+        its rationed judgement): its logits are the serving ones with the serving wide
+        logit replaced by the training one -- sparse dots, no forward beyond the slice's
+        new examples -- so it is never rationed. Why: a transformer step makes the next
+        full judgement a forward of the whole slice, and at most JUDGE_TIME_SHARE of the
+        trainer's time is spent on those; before this, nothing was published meanwhile,
+        and flint on a 2-core CPU served weights 270-340 signals old from the moment the
+        slice was full (docs/learning.md, "The wide path's progress between judgements")."""
+        n = len(self.ring)
+        if not self.enabled or n < self.min_examples:
+            return self.judge(model, -1, serving)  # not judged at all (the same message)
+        sources, labels, seqs = self._slice(model.cfg)
+        z_serve = self._serving_logits(serving, sources)
+        z_cand = (z_serve - serving.current.model.wide_logit(sources)
+                  + model.wide_logit(sources))
+        self._candidate = (self._gen, dict(zip(seqs, z_cand.tolist(), strict=True)))
+        return self._decide(z_cand, z_serve, labels, n, "the wide path's progress: ")
+
+    def _decide(self, z_cand: np.ndarray, z_serve: np.ndarray, labels: np.ndarray, n: int,
+                what: str = "") -> PromotionDecision:
+        """The verdict on a candidate's logits against the serving ones on the slice."""
         right_c, right_s = (z_cand >= 0) == labels, (z_serve >= 0) == labels
         cand, serve = float(np.mean(right_c)), float(np.mean(right_s))
         # Paired (McNemar): only the signals the two models disagree on tell them apart.
@@ -184,7 +219,7 @@ class PromotionGate:
         lost = int(np.sum(right_s & ~right_c))
         won = int(np.sum(right_c & ~right_s))
         ok = not (serve - cand > self.margin and lost - won > 2.0 * np.sqrt(lost + won))
-        why = (f"candidate {cand:.3f} vs serving {serve:.3f} on {n} held-back signals "
+        why = (f"{what}candidate {cand:.3f} vs serving {serve:.3f} on {n} held-back signals "
                f"(margin {self.margin:g}; the candidate is wrong on {lost} the serving "
                f"model gets right, right on {won} it gets wrong)")
         self.last = PromotionDecision(ok, cand, serve, n, why)

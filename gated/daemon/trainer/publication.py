@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ...engine.layout import slots
+
 log = logging.getLogger("gated.trainer")
 
 #: Published versions kept in LMDB (what `gated rollback --to` can go back to).
@@ -90,11 +92,13 @@ class Publication:
         self.wide_path.dirty = True
         return self._maybe_swap(force=True, judge=False)
 
-    def _promoted(self) -> bool:
-        """The promotion gate's verdict on the training weights (promotion.py); a refusal
-        is logged and counted, and after `promotion_max_refusals` in a row training
-        restarts from the serving weights."""
-        d = self.promotion.judge(self.model, self._deep_version, self.serving)
+    def _promoted(self, wide_only: bool = False) -> bool:
+        """The promotion gate's verdict on the training weights (promotion.py), or with
+        `wide_only` on the serving transformer with the training wide path
+        (`_publish_wide_progress`); a refusal is logged and counted, and after
+        `promotion_max_refusals` in a row training restarts from the serving weights."""
+        d = (self.promotion.judge_wide(self.model, self.serving) if wide_only
+             else self.promotion.judge(self.model, self._deep_version, self.serving))
         self.events.on_promotion(d.as_dict())
         if d.published:
             self._refusals = 0
@@ -122,7 +126,9 @@ class Publication:
                 self._rollback("non-finite weights at swap")
             return False
         if judge and not (force or self.promotion.due(self._deep_version, self.serving)):
-            return False  # judging would take more than its share of the trainer's time
+            # judging the new transformer would take more than its share of the trainer's
+            # time: publish what the wide path learned meanwhile, beside the serving one
+            return self._publish_wide_progress()
         if judge and not self._promoted():
             return False
         version = self.status.version + 1
@@ -140,6 +146,48 @@ class Publication:
         if self.model.ewc.lam > 0:
             self.model.ewc.consolidate(self.model.flat)
         self._steps_since_swap = 0
+        self.wide_path.dirty = False
+        self._last_swap_time = self.clock()
+        self.events.on_swap(version)
+        return True
+
+    def _publish_wide_progress(self) -> bool:
+        """Publish the serving transformer with the training wide path, when the swap
+        cadence is due, the wide path learned something since the last publication and
+        the promotion gate passes that candidate (`PromotionGate.judge_wide`: sparse
+        dots). The transformer's steps stay unpublished (`_steps_since_swap` is kept, no
+        EWC consolidation) until a full judgement is due; what a rollback restores becomes
+        the published weights with the optimiser state they had (the transformer's from
+        the last full publication, the wide path's AdaGrad sums of now).
+
+        Why: on a 2-core CPU flint's full judgement (a forward of the whole held-back
+        slice after each transformer step) is rationed to JUDGE_TIME_SHARE of the trainer's
+        time, and nothing was published while it waited: serving answered with weights
+        270-340 signals old, and a person's correction reached predictions only then
+        (docs/learning.md, "The wide path's progress between judgements")."""
+        wide = [s for s in slots(self.model.layout) if s.name.startswith("wide.")]
+        if (not wide or not self.wide_path.dirty or self.clock() < self.next_swap_at
+                or not self.promotion.due_wide(self.serving)):
+            return False
+        if not self._promoted(wide_only=True):
+            return False
+        good, to_np = self._good, self.model.ops.to_numpy
+        flat = self._host_copy(self.serving.current.model.flat)  # what was judged: serving's
+        v = good.v.copy()  # the optimiser state of the last publication ...
+        for s in wide:
+            part = slice(s.offset, s.offset + s.size)
+            flat[part] = to_np(self.model.flat[part])
+            v[part] = to_np(self.opt.v[part])  # ... with the wide path's AdaGrad sums now
+        version, step = self.status.version + 1, self.serving.current.step
+        self.serving.swap(flat, version, step)
+        cal = self.serving.calibration
+        self.store.publish(version, flat, step=step, keep=KEEP_VERSIONS,
+                           extra={"calibration": [float(cal.a), float(cal.b), float(cal.d),
+                                                  bool(cal.allow_open)]})
+        self.status.version = version
+        self.status.swaps += 1
+        self.promotion.published(version)
+        self._good = _GoodState(flat, good.m, v, good.t)
         self.wide_path.dirty = False
         self._last_swap_time = self.clock()
         self.events.on_swap(version)
