@@ -25,6 +25,11 @@ training (measured: the queue grew from ~7,700 signals on); but the wide path's 
 between two transformer steps is judged by sparse dots and is not held back by that
 wait (it was: with the whole slice re-scored whenever a held-back signal joined it,
 publications came every ~370 signals; measured, docs/learning.md).
+While a new transformer waits for its rationed judgement, the wide path's progress
+beside the SERVING transformer is judged and published (`judge_wide`; publication.py
+`_publish_wide_progress`): its logits on the slice are the serving ones with the wide
+part replaced, sparse dots again. Without it nothing was published meanwhile: from the
+moment the slice was full flint on a 2-core CPU served weights 270-340 signals old.
 With fewer than `promotion_min_holdout` held-back examples the gate lets everything
 through (there is nothing to judge on yet). After a detected drift the slice is dropped:
 it holds the old policy's labels.
