@@ -79,6 +79,14 @@ learns after a drift alarm" (not kept; what was kept there is bench_wide_feature
                                than a full lr whatever g, so the ~300 small-valued n-grams
                                of a call no longer each jump as far as a structured
                                feature of ten times their value
+    --experiment sum-decay=RHO[:pair]
+                               AdaGrad's squared-gradient sums of the linear weights forget:
+                               G <- RHO G + g^2 at each step of a weight (``:pair``: the
+                               pair tables' too), so a feature's step is sized by its recent
+                               gradients, not by its first large ones: faster after a
+                               policy change, and the gate's noise moves it as far
+                               (docs/learning.md "The wide path's progress between
+                               judgements, and two ideas not kept")
     --experiment ngram-scale=S the call's byte n-grams at S times their value (their
                                segment's L2 norm S instead of 1): AdaGrad's steps do not
                                depend on a feature's value, so this is their share of the
@@ -804,7 +812,7 @@ def main() -> None:
                      "pair-egress=S, "
                      "domain-key=S[:tool][:only], relax-part=R:PART, "
                      "allow-hold=H, held-weight=W, shared-view=P[:words][:history], "
-                     "adagrad-init=G0[:pair], "
+                     "adagrad-init=G0[:pair], sum-decay=RHO[:pair], "
                      "ngram-scale=S, ema=D, pair-lr=LR:N, bag-draw=..., bag-resync, "
                      "bag-repeat, dest-secret, dest-unheld or "
                      "dest-allow-only[:looks][:zero][:warm=N][:org][:secret]")
