@@ -173,7 +173,7 @@ class Publication:
             return False
         good, to_np = self._good, self.model.ops.to_numpy
         flat = self._host_copy(self.serving.current.model.flat)  # what was judged: serving's
-        v = good.v.copy()  # the optimiser state of the last publication ...
+        v = good.v  # the optimiser state of the last publication (owned by `_good`) ...
         for s in wide:
             part = slice(s.offset, s.offset + s.size)
             flat[part] = to_np(self.model.flat[part])
