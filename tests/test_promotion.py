@@ -324,7 +324,7 @@ def test_the_wide_judgement_reuses_a_slice_a_few_examples_old(tmp_path, monkeypa
 
     store, trainer, serving, events = _trained(tmp_path)
     gate = trainer.promotion
-    gate.judge_wide(trainer.model, serving)  # the slice as it is now
+    gate._slice(trainer.model.cfg)  # the slice's batch as it is now
     builds: list[int] = []
     real = promotion.source_batch
     monkeypatch.setattr(promotion, "source_batch",

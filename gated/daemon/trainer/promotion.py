@@ -95,7 +95,7 @@ class PromotionGate:
         self._z_deep: tuple[int, dict[int, float]] = (-1, {})
         self._gen = 0  # bumped whenever the slice changes
         self._sources: tuple[int, dict, np.ndarray, list[int]] | None = None
-        self._candidate: tuple[int, dict[int, float]] | None = None  # gen, z of the last judged
+        self._candidate: dict[int, float] | None = None  # z of the last judged, by seq
         self.judge_seconds = 0.0  # what the last judgement cost
         self._judged_at = float("-inf")
         self.clock: Callable[[], float] = time.monotonic  # the trainer's (see there)
@@ -160,7 +160,7 @@ class PromotionGate:
         the serving ones (same weights), so the next judgement needs no serving forward."""
         # (by seq: valid for those examples whatever the slice has gained since)
         if self._candidate is not None:
-            self._z_serving = (version, dict(self._candidate[1]))
+            self._z_serving = (version, dict(self._candidate))
 
     def judge(self, model: Any, step: int, serving: Any) -> PromotionDecision:
         """Compare the training model (at optimiser step `step`) with the serving snapshot
@@ -178,7 +178,7 @@ class PromotionGate:
         rows = self._missing(seqs, step, serving.current.version)
         z_serve = self._serving_logits(serving, sources)
         z_cand = self._deep_logits(model, step, sources) + model.wide_logit(sources)
-        self._candidate = (self._gen, dict(zip(seqs, z_cand.tolist(), strict=True)))
+        self._candidate = dict(zip(seqs, z_cand.tolist(), strict=True))
         if rows > CHEAP_ROWS:  # only a judgement with a real forward is rationed
             self._judged_at = self.clock()
             self.judge_seconds = self._judged_at - t0
@@ -212,7 +212,7 @@ class PromotionGate:
         z_serve = self._serving_logits(serving, sources)
         z_cand = (z_serve - serving.current.model.wide_logit(sources)
                   + model.wide_logit(sources))
-        self._candidate = (self._gen, dict(zip(seqs, z_cand.tolist(), strict=True)))
+        self._candidate = dict(zip(seqs, z_cand.tolist(), strict=True))
         return self._decide(z_cand, z_serve, labels, n, "the wide path's progress: ")
 
     def _decide(self, z_cand: np.ndarray, z_serve: np.ndarray, labels: np.ndarray, n: int,

@@ -131,25 +131,30 @@ class Publication:
             return self._publish_wide_progress()
         if judge and not self._promoted():
             return False
-        version = self.status.version + 1
-        self.serving.swap(self.model.flat, version, self.status.step)
         host = self._host_copy(self.model.flat)
-        cal = self.serving.calibration
-        self.store.publish(version, host, step=self.status.step, keep=KEEP_VERSIONS,
-                           extra={"calibration": [float(cal.a), float(cal.b), float(cal.d),
-                                                  bool(cal.allow_open)]})
-        self.status.version = version
-        self.status.swaps += 1
-        if judge:
-            self.promotion.published(version)
+        self._publish(self.model.flat, host, self.status.step, judged=judge)
         self._good = self._capture(flat=host)
         if self.model.ewc.lam > 0:
             self.model.ewc.consolidate(self.model.flat)
         self._steps_since_swap = 0
+        return True
+
+    def _publish(self, flat, host: np.ndarray, step: int, judged: bool) -> None:
+        """The next version: `flat` to the serving snapshot, its host copy `host` (with the
+        calibration that goes with it) to LMDB; the wide path's progress is published."""
+        version = self.status.version + 1
+        self.serving.swap(flat, version, step)
+        cal = self.serving.calibration
+        self.store.publish(version, host, step=step, keep=KEEP_VERSIONS,
+                           extra={"calibration": [float(cal.a), float(cal.b), float(cal.d),
+                                                  bool(cal.allow_open)]})
+        self.status.version = version
+        self.status.swaps += 1
+        if judged:
+            self.promotion.published(version)
         self.wide_path.dirty = False
         self._last_swap_time = self.clock()
         self.events.on_swap(version)
-        return True
 
     def _publish_wide_progress(self) -> bool:
         """Publish the serving transformer with the training wide path, when the swap
@@ -178,19 +183,8 @@ class Publication:
             part = slice(s.offset, s.offset + s.size)
             flat[part] = to_np(self.model.flat[part])
             v[part] = to_np(self.opt.v[part])  # ... with the wide path's AdaGrad sums now
-        version, step = self.status.version + 1, self.serving.current.step
-        self.serving.swap(flat, version, step)
-        cal = self.serving.calibration
-        self.store.publish(version, flat, step=step, keep=KEEP_VERSIONS,
-                           extra={"calibration": [float(cal.a), float(cal.b), float(cal.d),
-                                                  bool(cal.allow_open)]})
-        self.status.version = version
-        self.status.swaps += 1
-        self.promotion.published(version)
+        self._publish(flat, flat, self.serving.current.step, judged=True)
         self._good = _GoodState(flat, good.m, v, good.t)
-        self.wide_path.dirty = False
-        self._last_swap_time = self.clock()
-        self.events.on_swap(version)
         return True
 
     def checkpoint(self) -> None:
