@@ -182,7 +182,7 @@ class PromotionGate:
         if rows > CHEAP_ROWS:  # only a judgement with a real forward is rationed
             self._judged_at = self.clock()
             self.judge_seconds = self._judged_at - t0
-        return self._decide(z_cand, z_serve, labels, n)
+        return self._decide(z_cand, z_serve, labels)
 
     def due_wide(self, serving: Any) -> bool:
         """May the wide path's progress alone be judged now (`judge_wide`)? When the
@@ -213,11 +213,14 @@ class PromotionGate:
         z_cand = (z_serve - serving.current.model.wide_logit(sources)
                   + model.wide_logit(sources))
         self._candidate = dict(zip(seqs, z_cand.tolist(), strict=True))
-        return self._decide(z_cand, z_serve, labels, n, "the wide path's progress: ")
+        return self._decide(z_cand, z_serve, labels, "the wide path's progress: ")
 
-    def _decide(self, z_cand: np.ndarray, z_serve: np.ndarray, labels: np.ndarray, n: int,
+    def _decide(self, z_cand: np.ndarray, z_serve: np.ndarray, labels: np.ndarray,
                 what: str = "") -> PromotionDecision:
-        """The verdict on a candidate's logits against the serving ones on the slice."""
+        """The verdict on a candidate's logits against the serving ones on the slice (the
+        examples judged: a wide judgement's slice may be a few examples older than the
+        ring)."""
+        n = int(labels.size)
         right_c, right_s = (z_cand >= 0) == labels, (z_serve >= 0) == labels
         cand, serve = float(np.mean(right_c)), float(np.mean(right_s))
         # Paired (McNemar): only the signals the two models disagree on tell them apart.

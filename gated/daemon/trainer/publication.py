@@ -16,8 +16,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...engine.layout import slots
-
 log = logging.getLogger("gated.trainer")
 
 #: Published versions kept in LMDB (what `gated rollback --to` can go back to).
@@ -170,21 +168,19 @@ class Publication:
         time, and nothing was published while it waited: serving answered with weights
         270-340 signals old, and a person's correction reached predictions only then
         (docs/learning.md, "The wide path's progress between judgements")."""
-        wide = [s for s in slots(self.model.layout) if s.name.startswith("wide.")]
-        if (not wide or not self.wide_path.dirty or self.clock() < self.next_swap_at
-                or not self.promotion.due_wide(self.serving)):
+        wide = slice(self.model.deep_size, None)  # the wide path's slots come last
+        if (self.model.deep_size == self.model.num_params or not self.wide_path.dirty
+                or self.clock() < self.next_swap_at or not self.promotion.due_wide(self.serving)):
             return False
         if not self._promoted(wide_only=True):
             return False
-        good, to_np = self._good, self.model.ops.to_numpy
+        to_np = self.model.ops.to_numpy
         flat = self._host_copy(self.serving.current.model.flat)  # what was judged: serving's
-        v = good.v  # the optimiser state of the last publication (owned by `_good`) ...
-        for s in wide:
-            part = slice(s.offset, s.offset + s.size)
-            flat[part] = to_np(self.model.flat[part])
-            v[part] = to_np(self.opt.v[part])  # ... with the wide path's AdaGrad sums now
+        flat[wide] = to_np(self.model.flat[wide])  # ... with the training wide path
         self._publish(flat, flat, self.serving.current.step, judged=True)
-        self._good = _GoodState(flat, good.m, v, good.t)
+        good = self._good  # its state: the last publication's (owned by `_good`) ...
+        good.v[wide] = to_np(self.opt.v[wide])  # ... with the wide path's AdaGrad sums now
+        self._good = _GoodState(flat, good.m, good.v, good.t)
         return True
 
     def checkpoint(self) -> None:
