@@ -87,6 +87,9 @@ learns after a drift alarm" (not kept; what was kept there is bench_wide_feature
                                policy change, and the gate's noise moves it as far
                                (docs/learning.md "The wide path's progress between
                                judgements, and two ideas not kept")
+    --experiment drift-shrink=S[:pair]
+                               at a drift alarm the wide path's linear weights (the pair
+                               term's too with :pair) are multiplied by S
     --experiment ngram-scale=S the call's byte n-grams at S times their value (their
                                segment's L2 norm S instead of 1): AdaGrad's steps do not
                                depend on a feature's value, so this is their share of the
@@ -610,6 +613,21 @@ def with_sum_decay(step, rho: float, pair: bool):
     return decayed_step
 
 
+def with_drift_shrink(relax, factor: float, pair: bool):
+    """`WideAdaGrad.relax` (what a drift alarm calls) that also multiplies the linear
+    weights (the pair tables' too with `pair`) by `factor`. Why: after a policy change
+    the features the old policy made confident (+2..+4 logits on calls v2 blocks) need
+    many contradicting steps; shrunk, every decision keeps its sign but the new policy's
+    first examples outweigh them sooner."""
+    def relax_and_shrink(self, f, pair_factor=None):
+        relax(self, f, pair_factor)
+        self.w[...] *= factor
+        if pair and self.pair is not None:
+            self.pair[0][...] *= factor
+            self.pair[2][...] *= factor
+    return relax_and_shrink
+
+
 def with_ngram_scale(wide_features, scale: float):
     """`wide.wide_features` with the call segment's n-gram values times `scale`."""
     def scaled(ids, segs, n_max, buckets, history_scale=1.0, bias=1.0):
@@ -767,6 +785,10 @@ def main() -> None:
         elif exp.startswith("sum-decay="):  # sum-decay=RHO[:pair]
             rho, *opts = exp.split("=", 1)[1].split(":")
             WideAdaGrad._step = with_sum_decay(WideAdaGrad._step, float(rho), "pair" in opts)
+        elif exp.startswith("drift-shrink="):  # drift-shrink=S[:pair]
+            factor, *opts = exp.split("=", 1)[1].split(":")
+            WideAdaGrad.relax = with_drift_shrink(WideAdaGrad.relax, float(factor),
+                                                  "pair" in opts)
         elif exp.startswith("ngram-scale="):
             tokenizer.wide_features = with_ngram_scale(tokenizer.wide_features,
                                                        float(exp.split("=", 1)[1]))
@@ -812,7 +834,7 @@ def main() -> None:
                      "pair-egress=S, "
                      "domain-key=S[:tool][:only], relax-part=R:PART, "
                      "allow-hold=H, held-weight=W, shared-view=P[:words][:history], "
-                     "adagrad-init=G0[:pair], sum-decay=RHO[:pair], "
+                     "adagrad-init=G0[:pair], sum-decay=RHO[:pair], drift-shrink=S[:pair], "
                      "ngram-scale=S, ema=D, pair-lr=LR:N, bag-draw=..., bag-resync, "
                      "bag-repeat, dest-secret, dest-unheld or "
                      "dest-allow-only[:looks][:zero][:warm=N][:org][:secret]")

@@ -126,7 +126,11 @@ from anchor import HashedNgramLR, anchor_text, label_weight  # noqa: E402
 from trace_groups import after_credential_read  # noqa: E402
 
 from gated.config import TrainConfig  # noqa: E402
-from gated.daemon.trainer.wide_path import adapt_to_drift, early_block_weight  # noqa: E402
+from gated.daemon.trainer.wide_path import (  # noqa: E402
+    adapt_to_drift,
+    adapt_to_drift_verdict,
+    early_block_weight,
+)
 from gated.engine.config import ModelConfig  # noqa: E402
 from gated.engine.model import Model  # noqa: E402
 from gated.engine.tokenizer import source_batch  # noqa: E402
@@ -176,7 +180,7 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
            members: int = 1, drift_bag_all: int = 0,
            early_block: tuple[float, int] = (1.0, 0), call_places: bool = False,
            addresses: bool = False, early_looks: str = "both",
-           bias: float | None = None) -> dict:
+           bias: float | None = None, drift_shrink: float = 1.0) -> dict:
     """One setting's run; `lag` > 1 scores each signal with weights that have not yet
     learned the previous `lag` - 1 (updates applied in groups of `lag`), as the daemon's
     trainer scores a step's arrivals with the weights published before them. `pair_rank`
@@ -212,7 +216,10 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
     default, for the same reason), `members` `ModelConfig.wide_members` (1 here by
     default, for the same reason), `drift_bag_all` `train.drift_wide_bag_all` (the bag's
     members all learn that many examples after an alarm; 0 here by default, for the same
-    reason), `early_block` (`train.wide_early_block_weight`, `_signals`: a block label's
+    reason), `drift_shrink` `train.drift_wide_shrink` (the linear weights' factor at an
+    alarm, taken back if it is withdrawn; 1, off, here by default, for the same reason),
+    `early_block`
+    (`train.wide_early_block_weight`, `_signals`: a block label's
     weight at the first signal and the signal where it has faded to 1; (1, 0), off, here
     by default, for the same reason), `call_places` `ModelConfig.wide_sensitive_call_places`
     (off here by default, for the same reason), `addresses`
@@ -248,6 +255,7 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
     anchor = HashedNgramLR()
     stream, probe_src = GatewayTraffic(seed=seed), GatewayTraffic(seed=seed)
     right_w, right_a, at, pending, drifts = [], [], {}, [], []
+    shrunk: dict[int, tuple] = {}  # a pending alarm's shrink, taken back if withdrawn
     org_uploads: list[tuple[bool, bool]] = []  # (gated right, anchor right)
     switch_ord = n
     look: SecondLook[tuple] = SecondLook(second_look)
@@ -303,13 +311,16 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
             if detector is not None:
                 began = detector.observe(i, fp, z < 0, y < 0.5, False)
                 if began is not None:  # the trainer's on_drift, for the wide path
-                    adapt_to_drift(look, wide, began, drift_relax,
-                                   None if drift_relax_pair < 0 else drift_relax_pair,
-                                   drift_bag_all)
+                    undo = adapt_to_drift(look, wide, began, drift_relax,
+                                          None if drift_relax_pair < 0 else drift_relax_pair,
+                                          drift_bag_all, drift_shrink)
+                    if undo is not None:
+                        shrunk[began] = undo
                     for learner in getattr(wide, "learners", [wide]) if drift_cap > 0 else []:
                         np.minimum(learner.g2, drift_cap, out=learner.g2)
                     drifts.append((i, began, None))
                 for b, confirmed in detector.take_verdicts():
+                    adapt_to_drift_verdict(wide, shrunk.pop(b, None), confirmed)
                     k = next(j for j, d in enumerate(drifts) if d[1] == b and d[2] is None)
                     drifts[k] = (*drifts[k][:2], confirmed)
         look.note(fp, y)
@@ -388,6 +399,10 @@ def main() -> None:
                          "before it)")
     ap.add_argument("--drift-relax-pair", type=float, default=-1.0,
                     help="the pair term's sums at an alarm (-1: --drift-relax's factor)")
+    ap.add_argument("--drift-shrink", type=float, default=1.0,
+                    help="with --drift-relax: multiply the linear weights by this at an "
+                         "alarm, taken back if it is withdrawn (train.drift_wide_shrink; 1: "
+                         "off, as before it)")
     ap.add_argument("--drift-withdraw-below", type=float, default=None,
                     help="the drift recheck withdraws an alarm only at or under this share "
                          "of the threshold, else waits again (train.drift_withdraw_below; "
@@ -454,7 +469,8 @@ def main() -> None:
                        dest_share, bool(mark_places), a.drift_withdraw_below,
                        a.drift_waits, int(members), a.drift_bag_all,
                        (float(a.early_block.split(":")[0]), int(a.early_block.split(":")[1])),
-                       a.call_mark_places, a.endpoint_addresses, a.early_looks, a.bias)
+                       a.call_mark_places, a.endpoint_addresses, a.early_looks, a.bias,
+                       a.drift_shrink)
             p0, p1 = (r["at"][p] for p in points)
 
             def pair(k: str, p0=p0, p1=p1) -> str:

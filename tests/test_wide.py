@@ -365,6 +365,43 @@ def test_a_drift_relaxes_the_wide_path(tmp_path):
     store.close()
 
 
+def test_a_drift_alarm_shrinks_the_wide_paths_linear_weights_until_withdrawn(tmp_path):
+    """`drift_wide_shrink`: at a drift alarm the linear weights (every member's rows, the
+    bias among them) are multiplied by it and marked for publication; the pair term
+    stays. A confirmed alarm keeps the shrink; a withdrawn one takes it back and keeps
+    what was learned in between (w = before + learned, exactly)."""
+    store = Store(tmp_path / "s")
+    trainer, _ = build_trainer(store, dataclasses.replace(ModelConfig.tiny(), wide_members=3),
+                               dataclasses.replace(TrainConfig(), drift_wide_shrink=0.25),
+                               seed=0)
+    w = trainer.model.params["wide.w"]
+    pair_keys = [k for k in trainer.model.params if k.startswith("wide.pair")]
+    # every member of a bag, and a pair term that must not move
+    assert isinstance(trainer.wide_path.learner, WideBag) and pair_keys
+    rng = np.random.default_rng(0)
+    w[...] = rng.integers(-8, 8, size=w.shape).astype(w.dtype)  # exact in float32 below
+    before = w.copy()
+    pair = [trainer.model.params[k].copy() for k in pair_keys]
+    trainer.wide_path.dirty = False
+    trainer._on_drift(1, 1)
+    np.testing.assert_array_equal(w, 0.25 * before)
+    assert trainer.wide_path.dirty
+    learned = rng.integers(-4, 4, size=w.shape).astype(w.dtype)
+    w += learned  # what the path learns while the alarm waits for its verdict
+    trainer.wide_path.dirty = False
+    trainer._on_drift_verdict(1, False)  # withdrawn: the gate's own mistakes
+    np.testing.assert_array_equal(w, before + learned)
+    assert trainer.wide_path.dirty
+    for k, a in zip(pair_keys, pair, strict=True):
+        np.testing.assert_array_equal(trainer.model.params[k], a)
+    trainer._on_drift(2, 2)
+    trainer._on_drift_verdict(2, True)  # confirmed: the shrink stays
+    np.testing.assert_array_equal(w, 0.25 * (before + learned))
+    trainer._on_drift_verdict(2, False)  # a verdict with nothing pending changes nothing
+    np.testing.assert_array_equal(w, 0.25 * (before + learned))
+    store.close()
+
+
 def test_without_wide_residual_the_wide_path_is_a_standalone_learner(tmp_path):
     """`wide_residual = false`: the wide path learns as a logistic regression of its own
     (the rest of the logit held at 0), whatever the transformer says: its weights equal

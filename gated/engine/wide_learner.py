@@ -210,6 +210,22 @@ class WideAdaGrad:
         """Nothing to do: one learner learns every example already (`WideBag.learn_all_for`
         is what a drift alarm changes)."""
 
+    def shrink(self, factor: float):
+        """Scale the linear weights (the bias among them) by `factor`; the pair term's
+        stay. Every logit's linear part keeps its sign and only its size changes, so the
+        old policy's confident weights turn after fewer of a new policy's examples (a
+        drift alarm calls it: `train.drift_wide_shrink`, docs/learning.md "Shrinking the
+        wide path at a drift alarm"). Returns the weights before, for `unshrink`."""
+        before = self.w.copy()
+        self.w[...] *= factor
+        return before
+
+    def unshrink(self, before, factor: float) -> None:
+        """Take back `shrink(factor)` (`before`: what it returned) and keep what was learned
+        since: w = factor * before + learned, so adding (1 - factor) * before leaves
+        before + learned (a withdrawn drift alarm)."""
+        self.w[...] += (1.0 - factor) * before
+
     def relax(self, factor: float, pair_factor: float | None = None) -> None:
         """Scale the squared-gradient sums by `factor` (0 = forget them), the pair term's
         by `pair_factor` (default: `factor`): after a policy change AdaGrad's steps have
@@ -295,6 +311,15 @@ class WideBag:
         """The bag's logit: the members' mean (no update)."""
         return sum(learner.logit(idx, val, z_rest, pair)
                    for learner in self.learners) / len(self.learners)
+
+    def shrink(self, factor: float) -> list:
+        """`WideAdaGrad.shrink` on every member (their weights before, for `unshrink`)."""
+        return [learner.shrink(factor) for learner in self.learners]
+
+    def unshrink(self, before: list, factor: float) -> None:
+        """`WideAdaGrad.unshrink` on every member."""
+        for learner, b in zip(self.learners, before, strict=True):
+            learner.unshrink(b, factor)
 
     def relax(self, factor: float, pair_factor: float | None = None) -> None:
         """`WideAdaGrad.relax` on every member."""

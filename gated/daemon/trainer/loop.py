@@ -430,11 +430,13 @@ class Trainer(Control, GpuFallback, Publication, threading.Thread):
         self.wide_path.on_drift(began_seq)  # its waiting looks carry the old labels
         log.warning("drift: the serving model's error rate rose (Page-Hinkley); the change "
                     "began around signal %d. EWC off and replay at %.0f%% for the next %d "
-                    "signals; the replay examples labelled before it are not replayed, and "
-                    "are dropped unless the corrections of the next %d signals show the "
+                    "signals, the wide path's linear weights x%g; the replay examples "
+                    "labelled before it are not replayed, and are dropped (the weights' "
+                    "shrink kept) unless the corrections of the next %d signals show the "
                     "rise was the gate's own mistakes", began_seq,
                     100 * self.settings.drift_replay_fraction,
-                    self.settings.drift_adapt_signals, self.settings.drift_confirm_signals)
+                    self.settings.drift_adapt_signals, self.settings.drift_wide_shrink,
+                    self.settings.drift_confirm_signals)
         self.events.on_drift(began_seq)
 
     def _set_aside(self, ex: dict) -> bool:
@@ -454,14 +456,15 @@ class Trainer(Control, GpuFallback, Publication, threading.Thread):
     def _on_drift_verdict(self, began_seq: int, confirmed: bool) -> None:
         """The alarm's verdict (`Monitor.take_verdicts`): a confirmed change drops the
         replay examples labelled before it (human corrections kept); a withdrawn alarm
-        replays them again."""
+        replays them again (the wide path's verdict: `WidePath.on_drift_verdict`)."""
+        self.wide_path.on_drift_verdict(began_seq, confirmed)
         if not confirmed:
             self.replay_floor = 0
             log.info("drift alarm withdrawn: on the labels as corrected since, the error "
                      "rate did not rise (the gate's own mistakes, which people corrected); "
                      "the replay examples from before signal %d are kept and replayed "
-                     "again, EWC and replay back to normal (the allow band's hold after the "
-                     "alarm stays)", began_seq)
+                     "again, the wide path's weights unshrunk, EWC and replay back to normal "
+                     "(the allow band's hold after the alarm stays)", began_seq)
             self.events.on_drift_verdict(began_seq, False, 0)
             return
         dropped = self.store.reservoir_forget_before(began_seq)

@@ -37,6 +37,8 @@ class WidePath:
         #: the second look at each signal the wide path learned
         self.second_look: SecondLook[tuple] = SecondLook(settings.wide_second_look)
         self.dirty = False
+        #: began seq of each drift alarm awaiting its verdict -> what takes its shrink back
+        self._shrunk: dict[int, tuple] = {}
         self.apply_settings(settings)
 
     def install(self, model: Model, adamw_v) -> None:
@@ -49,6 +51,7 @@ class WidePath:
                                               pair_first=s.wide_pair_first)
                         if "wide.w" in model.params else None)
         self.dirty = False
+        self._shrunk = {}  # other weights now: a pending alarm's shrink is not taken back
 
     def apply_settings(self, s: TrainConfig) -> None:
         self.settings = s
@@ -124,13 +127,27 @@ class WidePath:
 
     def on_drift(self, began_seq: int) -> None:
         """A policy change began at `began_seq`: the looks waiting from before it carry the
-        old policy's labels (dropped), and AdaGrad's shrunken steps are relaxed
+        old policy's labels (dropped), AdaGrad's shrunken steps are relaxed
         (`train.drift_wide_relax`, the pair term's by `train.drift_wide_pair_relax`) so
-        the path moves as fast as at the start; a bag's members all learn the next
-        `train.drift_wide_bag_all` examples."""
+        the path moves as fast as at the start, the linear weights shrink by
+        `train.drift_wide_shrink` until the alarm's verdict (`on_drift_verdict`), and a
+        bag's members all learn the next `train.drift_wide_bag_all` examples."""
         s = self.settings
-        adapt_to_drift(self.second_look, self.learner, began_seq, s.drift_wide_relax,
-                       s.drift_wide_pair_relax, s.drift_wide_bag_all)
+        undo = adapt_to_drift(self.second_look, self.learner, began_seq, s.drift_wide_relax,
+                              s.drift_wide_pair_relax, s.drift_wide_bag_all,
+                              s.drift_wide_shrink)
+        if undo is not None:
+            self._shrunk[began_seq] = undo
+            self.dirty = True
+
+    def on_drift_verdict(self, began_seq: int, confirmed: bool) -> None:
+        """The alarm's verdict: a withdrawn alarm (the gate's own mistakes, corrected
+        since) takes the shrink back and keeps what was learned meanwhile; a confirmed one
+        keeps it. After a restart in between there is nothing to take back (the weights
+        before are not part of a checkpoint) and a withdrawn alarm's shrink stays."""
+        undo = self._shrunk.pop(began_seq, None)
+        if adapt_to_drift_verdict(self.learner, undo, confirmed):
+            self.dirty = True
 
 
 def early_block_weight(seq: int, label: float, ordinary: bool, weight: float,
@@ -160,15 +177,38 @@ def early_block_weight(seq: int, label: float, ordinary: bool, weight: float,
 
 def adapt_to_drift(second_look: SecondLook, learner: WideAdaGrad | WideBag | None,
                    began_seq: int, relax: float, pair_relax: float | None,
-                   bag_all: int) -> None:
+                   bag_all: int, shrink: float = 1.0) -> tuple | None:
     """What a drift alarm does to the wide path (`WidePath.on_drift`), in one place so that
     bench/bench_wide_features.py's replay responds to its alarms as the daemon does: the
     waiting second looks from before `began_seq` are dropped, AdaGrad's sums relaxed
-    (`WideAdaGrad.relax`), a bag's members all learn the next `bag_all` examples."""
+    (`WideAdaGrad.relax`), the linear weights multiplied by `shrink`
+    (`WideAdaGrad.shrink`), a bag's members all learn the next `bag_all` examples.
+    Returns what `adapt_to_drift_verdict` needs to take the shrink back (None: nothing
+    shrunk).
+
+    Why the shrink acts at the alarm and not at its verdict ~50 signals later: the
+    new policy's first ~100 signals are where the old policy's confident weights cost
+    (measured at the verdict it gained 1 error in the 250 after the change over six
+    seeds, at the alarm 19 over eight: docs/learning.md "Shrinking the wide path at a
+    drift alarm")."""
     second_look.forget_before(began_seq)
-    if learner is not None:
-        learner.relax(relax, pair_relax)
-        learner.learn_all_for(bag_all)
+    if learner is None:
+        return None
+    learner.relax(relax, pair_relax)
+    learner.learn_all_for(bag_all)
+    return (shrink, learner.shrink(shrink)) if shrink != 1.0 else None
+
+
+def adapt_to_drift_verdict(learner: WideAdaGrad | WideBag | None, undo: tuple | None,
+                           confirmed: bool) -> bool:
+    """A drift alarm's verdict for the wide path: withdrawn, the shrink `undo` (what
+    `adapt_to_drift` returned) is taken back (`WideAdaGrad.unshrink`: what was learned
+    since stays). True if the weights changed."""
+    if learner is None or undo is None or confirmed:
+        return False
+    factor, before = undo
+    learner.unshrink(before, factor)
+    return True
 
 
 def wide_row(sources: dict, i: int) -> tuple:
