@@ -383,9 +383,11 @@ def test_a_drift_alarm_shrinks_the_wide_paths_linear_weights_until_withdrawn(tmp
     before = w.copy()
     pair = [trainer.model.params[k].copy() for k in pair_keys]
     trainer.wide_path.dirty = False
+    assert trainer.next_swap_at > trainer.clock()  # just published: the cadence waits
     trainer._on_drift(1, 1)
     np.testing.assert_array_equal(w, 0.25 * before)
     assert trainer.wide_path.dirty
+    assert trainer.next_swap_at <= trainer.clock()  # the shrink serves at the next chance
     learned = rng.integers(-4, 4, size=w.shape).astype(w.dtype)
     w += learned  # what the path learns while the alarm waits for its verdict
     trainer.wide_path.dirty = False

@@ -16,6 +16,7 @@ still surfaces (the trainer process exits and its supervisor restarts it).
 from __future__ import annotations
 
 import logging
+import math
 import random
 import threading
 import time
@@ -428,6 +429,10 @@ class Trainer(Control, GpuFallback, Publication, threading.Thread):
         self.replay_floor = max(self.replay_floor, began_seq)
         self.promotion.forget(seen_seq)
         self.wide_path.on_drift(began_seq)  # its waiting looks carry the old labels
+        if self.wide_path.dirty:
+            # what the alarm changed (the shrunk wide weights) serves at the next chance,
+            # not a swap interval later: the new policy's first signals are where it acts
+            self._last_swap_time = -math.inf
         log.warning("drift: the serving model's error rate rose (Page-Hinkley); the change "
                     "began around signal %d. EWC off and replay at %.0f%% for the next %d "
                     "signals, the wide path's linear weights x%g; the replay examples "
