@@ -146,6 +146,9 @@ def run(a: argparse.Namespace, tmp: Path) -> dict:
     probe = Probes(GatewayTraffic(seed=a.seed), a.probes, a.seed + 1000)
     anchor = HashedNgramLR()
     extra = f"\n[daemon]\ntrainer_threads = {a.trainer_threads}\n" if a.trainer_threads else ""
+    if a.set:  # [train] overrides, TOML values as written (e.g. drift_wide_shrink=1.0)
+        extra += "\n[train]\n" + "".join(f"{kv.split('=', 1)[0].strip()} = "
+                                          f"{kv.split('=', 1)[1].strip()}\n" for kv in a.set)
     daemon = Daemon(tmp, a.preset, config=extra, device=a.device)
     try:
         print(f"(daemon ready in {daemon.start():.1f} s; log {daemon.log})", flush=True)
@@ -309,6 +312,9 @@ def main() -> None:
                     help="daemon.trainer_threads (0: the daemon's default)")
     ap.add_argument("--drain-wait", type=float, default=120.0,
                     help="seconds to wait after the stream for the queue to reach 0")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a [train] setting for the daemon's config, e.g. --set "
+                         "drift_wide_shrink=1.0 (TOML value)")
     ap.add_argument("--write", action="store_true", help="record in docs/benchmarks.md")
     ap.add_argument("--section", default=None, help="heading suffix for docs/benchmarks.md")
     a = ap.parse_args()
