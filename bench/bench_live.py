@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import os
 import queue
 import shlex
@@ -171,6 +172,7 @@ def run(a: argparse.Namespace, tmp: Path) -> dict:
     acks: list[float] = []                    # seconds of each signal's acknowledgement
     rows: list[dict] = []
     late, late_at = 0.0, 0                    # how far the loop fell behind its schedule
+    trace = open(a.trace, "w", buffering=1) if a.trace else None  # noqa: SIM115
     try:
         with Client(sock) as c:
             for i in range(a.signals):
@@ -193,6 +195,14 @@ def run(a: argparse.Namespace, tmp: Path) -> dict:
                     sources[reply["source"]] = sources.get(reply["source"], 0) + 1
                     anchored.append((anchor.predict_proba(text), ev.true_allow))
                     sig["prediction_id"] = reply["prediction_id"]
+                    if trace is not None:
+                        trace.write(json.dumps({
+                            "i": i, "t": round(time.monotonic() - t0, 3),
+                            "p": reply["p_allow"], "band": reply["band"],
+                            "version": reply.get("version"), "anchor_p": anchored[-1][0],
+                            "true_allow": ev.true_allow, "category": ev.category,
+                            "decision": sig.get("decision"), "context": sig["context"],
+                            "history": sig.get("history")}) + "\n")
                 t = time.perf_counter()
                 c.signal(sig)
                 acks.append(time.perf_counter() - t)
@@ -215,6 +225,8 @@ def run(a: argparse.Namespace, tmp: Path) -> dict:
     finally:
         watch.stop.set()
         stopped = daemon.stop()  # (exit status, seconds) after SIGTERM
+        if trace is not None:
+            trace.close()
     tail = scored[-2000:]
     p, y = np.array([x for x, _ in tail]), np.array([float(t) for _, t in tail])
     allow = y[np.array(bands[-2000:]) == "allow"]
@@ -315,6 +327,9 @@ def main() -> None:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="a [train] setting for the daemon's config, e.g. --set "
                          "drift_wide_shrink=1.0 (TOML value)")
+    ap.add_argument("--trace", default=None, metavar="FILE",
+                    help="one JSON line per ordinary signal predicted (the served p, band "
+                         "and version, the anchor's p, the TRUE label)")
     ap.add_argument("--write", action="store_true", help="record in docs/benchmarks.md")
     ap.add_argument("--section", default=None, help="heading suffix for docs/benchmarks.md")
     a = ap.parse_args()
