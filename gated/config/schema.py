@@ -221,11 +221,14 @@ class TrainConfig:
     drift_wide_pair_relax: float = _opt(1.0, "the same for the pair term's sums "
                                         "(train.drift_wide_relax is then the linear "
                                         "weights' alone)", hot=True, lo=0.0, hi=1.0)
-    drift_wide_shrink: float = _opt(0.5, "at a drift alarm the wide path's linear weights "
+    drift_wide_shrink: float = _opt(1.0, "at a drift alarm the wide path's linear weights "
                                     "are multiplied by this (their signs stay; the old "
                                     "policy's confident weights then turn after fewer of "
                                     "the new policy's examples); taken back if the alarm is "
-                                    "withdrawn; 1 = unchanged", hot=True, lo=0.0, hi=1.0)
+                                    "withdrawn; 1 = unchanged (measured: 0.5 helped in "
+                                    "bench_learning; the live daemon's two runs with it "
+                                    "lost its change's checkpoint, confounded)",
+                                    hot=True, lo=0.0, hi=1.0)
     drift_wide_bag_all: int = _opt(500, "after a detected drift every member of the wide "
                                    "path's bag learns this many examples at least once (a "
                                    "draw of 0 counts as 1), so no member holds the bag's "

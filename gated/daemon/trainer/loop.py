@@ -433,14 +433,16 @@ class Trainer(Control, GpuFallback, Publication, threading.Thread):
             # what the alarm changed (the shrunk wide weights) serves at the next chance,
             # not a swap interval later: the new policy's first signals are where it acts
             self._last_swap_time = -math.inf
+        shrink = self.settings.drift_wide_shrink
         log.warning("drift: the serving model's error rate rose (Page-Hinkley); the change "
                     "began around signal %d. EWC off and replay at %.0f%% for the next %d "
-                    "signals, the wide path's linear weights x%g; the replay examples "
-                    "labelled before it are not replayed, and are dropped (the weights' "
-                    "shrink kept) unless the corrections of the next %d signals show the "
+                    "signals%s; the replay examples labelled before it are not replayed, and "
+                    "are dropped unless the corrections of the next %d signals show the "
                     "rise was the gate's own mistakes", began_seq,
                     100 * self.settings.drift_replay_fraction,
-                    self.settings.drift_adapt_signals, self.settings.drift_wide_shrink,
+                    self.settings.drift_adapt_signals,
+                    "" if shrink == 1.0 or self.wide_path.learner is None
+                    else f", the wide path's linear weights x{shrink:g} (kept if confirmed)",
                     self.settings.drift_confirm_signals)
         self.events.on_drift(began_seq)
 
@@ -468,8 +470,9 @@ class Trainer(Control, GpuFallback, Publication, threading.Thread):
             log.info("drift alarm withdrawn: on the labels as corrected since, the error "
                      "rate did not rise (the gate's own mistakes, which people corrected); "
                      "the replay examples from before signal %d are kept and replayed "
-                     "again, the wide path's weights unshrunk, EWC and replay back to normal "
-                     "(the allow band's hold after the alarm stays)", began_seq)
+                     "again, the wide path's weights as before it (what was learned since "
+                     "kept), EWC and replay back to normal (the allow band's hold after the "
+                     "alarm stays)", began_seq)
             self.events.on_drift_verdict(began_seq, False, 0)
             return
         dropped = self.store.reservoir_forget_before(began_seq)
