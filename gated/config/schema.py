@@ -226,8 +226,8 @@ class TrainConfig:
                                     "policy's confident weights then turn after fewer of "
                                     "the new policy's examples); taken back if the alarm is "
                                     "withdrawn; 1 = unchanged (measured: 0.5 helped in "
-                                    "bench_learning; the live daemon's two runs with it "
-                                    "lost its change's checkpoint, confounded)",
+                                    "bench_learning; the live daemon's three runs with "
+                                    "it lost its change's checkpoint)",
                                     hot=True, lo=0.0, hi=1.0)
     drift_wide_bag_all: int = _opt(500, "after a detected drift every member of the wide "
                                    "path's bag learns this many examples at least once (a "
