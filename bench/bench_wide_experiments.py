@@ -615,13 +615,14 @@ def with_sum_decay(step, rho: float, pair: bool):
 
 def with_drift_shrink(relax, factor: float, pair: bool):
     """`WideAdaGrad.relax` (what a drift alarm calls) that also multiplies the linear
-    weights (the pair tables' too with `pair`) by `factor`. Why: after a policy change
+    weights (`WideAdaGrad.shrink`, never taken back; the pair tables' too with `pair`) by
+    `factor`. Why: after a policy change
     the features the old policy made confident (+2..+4 logits on calls v2 blocks) need
     many contradicting steps; shrunk, every decision keeps its sign but the new policy's
     first examples outweigh them sooner."""
     def relax_and_shrink(self, f, pair_factor=None):
         relax(self, f, pair_factor)
-        self.w[...] *= factor
+        self.shrink(factor)  # (no undo here: what it returns is dropped)
         if pair and self.pair is not None:
             self.pair[0][...] *= factor
             self.pair[2][...] *= factor

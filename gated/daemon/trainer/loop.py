@@ -428,12 +428,12 @@ class Trainer(Control, GpuFallback, Publication, threading.Thread):
         operator."""
         self.replay_floor = max(self.replay_floor, began_seq)
         self.promotion.forget(seen_seq)
-        self.wide_path.on_drift(began_seq)  # its waiting looks carry the old labels
+        shrunk = self.wide_path.on_drift(began_seq)  # its waiting looks: the old labels
         if self.wide_path.dirty:
-            # what the alarm changed (the shrunk wide weights) serves at the next chance,
-            # not a swap interval later: the new policy's first signals are where it acts
+            # what the wide path holds unpublished (its weights shrunk by the alarm, or
+            # learned since the last swap) serves at the next chance, not a swap interval
+            # later: the new policy's first signals are where it acts
             self._last_swap_time = -math.inf
-        shrink = self.settings.drift_wide_shrink
         log.warning("drift: the serving model's error rate rose (Page-Hinkley); the change "
                     "began around signal %d. EWC off and replay at %.0f%% for the next %d "
                     "signals%s; the replay examples labelled before it are not replayed, and "
@@ -441,8 +441,8 @@ class Trainer(Control, GpuFallback, Publication, threading.Thread):
                     "rise was the gate's own mistakes", began_seq,
                     100 * self.settings.drift_replay_fraction,
                     self.settings.drift_adapt_signals,
-                    "" if shrink == 1.0 or self.wide_path.learner is None
-                    else f", the wide path's linear weights x{shrink:g} (kept if confirmed)",
+                    f", the wide path's linear weights x{self.settings.drift_wide_shrink:g} "
+                    "(kept if confirmed)" if shrunk else "",
                     self.settings.drift_confirm_signals)
         self.events.on_drift(began_seq)
 

@@ -125,20 +125,23 @@ class WidePath:
         return early_block_weight(seq, label, ordinary, s.wide_early_block_weight,
                                   s.wide_early_block_signals)
 
-    def on_drift(self, began_seq: int) -> None:
+    def on_drift(self, began_seq: int) -> bool:
         """A policy change began at `began_seq`: the looks waiting from before it carry the
         old policy's labels (dropped), AdaGrad's shrunken steps are relaxed
         (`train.drift_wide_relax`, the pair term's by `train.drift_wide_pair_relax`) so
         the path moves as fast as at the start, the linear weights shrink by
         `train.drift_wide_shrink` until the alarm's verdict (`on_drift_verdict`), and a
-        bag's members all learn the next `train.drift_wide_bag_all` examples."""
+        bag's members all learn the next `train.drift_wide_bag_all` examples. True if the
+        linear weights were shrunk."""
         s = self.settings
         undo = adapt_to_drift(self.second_look, self.learner, began_seq, s.drift_wide_relax,
                               s.drift_wide_pair_relax, s.drift_wide_bag_all,
                               s.drift_wide_shrink)
-        if undo is not None:
-            self._shrunk[began_seq] = undo
-            self.dirty = True
+        if undo is None:
+            return False
+        self._shrunk[began_seq] = undo
+        self.dirty = True
+        return True
 
     def on_drift_verdict(self, began_seq: int, confirmed: bool) -> None:
         """The alarm's verdict: a withdrawn alarm (the gate's own mistakes, corrected
