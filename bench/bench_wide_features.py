@@ -180,7 +180,8 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
            members: int = 1, drift_bag_all: int = 0,
            early_block: tuple[float, int] = (1.0, 0), call_places: bool = False,
            addresses: bool = False, early_looks: str = "both",
-           bias: float | None = None, drift_shrink: float = 1.0) -> dict:
+           bias: float | None = None, drift_shrink: float = 1.0,
+           drift_contra: tuple[float, int, float] = (1.0, 0, 0.0)) -> dict:
     """One setting's run; `lag` > 1 scores each signal with weights that have not yet
     learned the previous `lag` - 1 (updates applied in groups of `lag`), as the daemon's
     trainer scores a step's arrivals with the weights published before them. `pair_rank`
@@ -218,7 +219,9 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
     members all learn that many examples after an alarm; 0 here by default, for the same
     reason), `drift_shrink` `train.drift_wide_shrink` (the linear weights' factor at an
     alarm, taken back if it is withdrawn; 1, off, here by default, for the same reason),
-    `early_block`
+    `drift_contra` (`train.drift_wide_contra_relax`, `_examples`, `_margin`: after an
+    alarm a contradicting label relaxes its buckets' sums; off here by default, for the
+    same reason), `early_block`
     (`train.wide_early_block_weight`, `_signals`: a block label's
     weight at the first signal and the signal where it has faded to 1; (1, 0), off, here
     by default, for the same reason), `call_places` `ModelConfig.wide_sensitive_call_places`
@@ -313,7 +316,7 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
                 if began is not None:  # the trainer's on_drift, for the wide path
                     undo = adapt_to_drift(look, wide, began, drift_relax,
                                           None if drift_relax_pair < 0 else drift_relax_pair,
-                                          drift_bag_all, drift_shrink)
+                                          drift_bag_all, drift_shrink, drift_contra)
                     if undo is not None:
                         shrunk[began] = undo
                     for learner in getattr(wide, "learners", [wide]) if drift_cap > 0 else []:
@@ -403,6 +406,11 @@ def main() -> None:
                     help="with --drift-relax: multiply the linear weights by this at an "
                          "alarm, taken back if it is withdrawn (train.drift_wide_shrink; 1: "
                          "off, as before it)")
+    ap.add_argument("--drift-contra", default="1:0:0", metavar="R:N:M",
+                    help="with --drift-relax: for N examples after an alarm a label that "
+                         "contradicts the wide logit by more than M multiplies its buckets' "
+                         "sums by R, each bucket once (train.drift_wide_contra_relax, "
+                         "_examples, _margin; default 1:0:0, off, as before it)")
     ap.add_argument("--drift-withdraw-below", type=float, default=None,
                     help="the drift recheck withdraws an alarm only at or under this share "
                          "of the threshold, else waits again (train.drift_withdraw_below; "
@@ -439,6 +447,8 @@ def main() -> None:
     ap.add_argument("--correction-weight", type=float, default=0.0,
                     help="the wide path's weight of a correction (0: DESIGN.md's, 4.0)")
     a = ap.parse_args()
+    r_, n_, m_ = a.drift_contra.split(":")
+    contra = (float(r_), int(n_), float(m_))
     points = (a.switch_at - 500, a.signals - 500)
     print("| words | cross | l2 | pair rank, lr, pool | shapes | lr, init, veto, pair l2, known, "
           "sensitive, egress, block, endpoints, sql, places, hosts, shared | seed | "
@@ -470,7 +480,7 @@ def main() -> None:
                        a.drift_waits, int(members), a.drift_bag_all,
                        (float(a.early_block.split(":")[0]), int(a.early_block.split(":")[1])),
                        a.call_mark_places, a.endpoint_addresses, a.early_looks, a.bias,
-                       a.drift_shrink)
+                       a.drift_shrink, contra)
             p0, p1 = (r["at"][p] for p in points)
 
             def pair(k: str, p0=p0, p1=p1) -> str:

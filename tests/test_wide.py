@@ -404,6 +404,66 @@ def test_a_drift_alarm_shrinks_the_wide_paths_linear_weights_until_withdrawn(tmp
     store.close()
 
 
+def test_after_an_alarm_a_contradicting_label_relaxes_its_buckets_sums_once():
+    """`relax_contradicted`: in the window a label on the other side of the logit by more
+    than the margin multiplies the sums of that example's buckets by the factor, before
+    its step (so the step is as large as a fresh bucket's), and each bucket only once; a
+    label that agrees, or one inside the margin, relaxes nothing; the window counts every
+    example learned and then ends."""
+    weights, accum = np.zeros(8), np.zeros(8)
+    learner = WideAdaGrad(weights, accum, scale=1.0, lr=0.5, l2=0.0)
+    weights[[1, 2, 3]] = [2.0, 2.0, -2.0]
+    accum[:] = 100.0
+    learner.relax_contradicted(0.0, 4, 1.0)
+    idx, val = np.array([1, 2]), np.array([0.6, 0.8])  # z = 2.8: "allow" by 2.8
+    learner.learn(idx, val, 0.0, 1.0, 1.0)  # agrees: the sums only grow by g^2
+    assert np.all(accum[[1, 2]] > 100.0)
+    before = weights.copy()
+    learner.learn(idx, val, 0.0, 0.0, 1.0)  # contradicts by 2.8 > 1: sums from 0
+    g = (1.0 / (1.0 + np.exp(-before[[1, 2]] @ val))) * val
+    np.testing.assert_allclose(accum[[1, 2]], g * g)
+    np.testing.assert_allclose(weights[[1, 2]], before[[1, 2]] - 0.5, rtol=1e-6)  # full lr
+    assert learner.contra_done == {1, 2}
+    kept = accum[[1, 2]].copy()
+    learner.learn(idx, val, 0.0, 0.0, 1.0)  # contradicts again: relaxed once already
+    assert np.all(accum[[1, 2]] > kept)
+    weights[3], accum[3] = -0.5, 100.0  # z = -0.5: inside the margin
+    learner.learn(np.array([3]), np.array([1.0]), 0.0, 1.0, 1.0)
+    assert accum[3] > 100.0 and learner.contra_left == 0  # four examples: the window ends
+    weights[4], accum[4] = -3.0, 100.0
+    learner.learn(np.array([4]), np.array([1.0]), 0.0, 1.0, 1.0)  # past the window
+    assert accum[4] > 100.0
+
+
+def test_a_drift_alarm_opens_every_members_contradiction_window_until_withdrawn(tmp_path):
+    """The trainer's drift alarm opens `drift_wide_contra_*`'s window on every member of
+    the bag, with the settings' factor and margin; a withdrawn alarm closes it (the
+    labels that raised it were the gate's own mistakes); `drift_wide_contra_relax` 1 is
+    off."""
+    store = Store(tmp_path / "s")
+    settings = dataclasses.replace(TrainConfig(), drift_wide_contra_relax=0.1,
+                                   drift_wide_contra_examples=300,
+                                   drift_wide_contra_margin=0.5)
+    trainer, _ = build_trainer(store, dataclasses.replace(ModelConfig.tiny(), wide_members=3),
+                               settings, seed=0)
+    bag = trainer.wide_path.learner
+    assert isinstance(bag, WideBag)
+    assert all(m.contra_left == 0 for m in bag.learners)
+    trainer._on_drift(1, 1)
+    assert all((m.contra_left, m.contra_factor, m.contra_margin) == (300, 0.1, 0.5)
+               for m in bag.learners)
+    trainer._on_drift_verdict(1, False)
+    assert all(m.contra_left == 0 for m in bag.learners)
+    trainer._on_drift(2, 2)
+    trainer._on_drift_verdict(2, True)  # confirmed: the window stays open
+    assert all(m.contra_left == 300 for m in bag.learners)
+    bag.relax_contradicted(1.0, 0, 0.0)
+    trainer.apply_settings(dataclasses.replace(settings, drift_wide_contra_relax=1.0))
+    trainer._on_drift(3, 3)
+    assert all(m.contra_left == 0 for m in bag.learners)
+    store.close()
+
+
 def test_without_wide_residual_the_wide_path_is_a_standalone_learner(tmp_path):
     """`wide_residual = false`: the wide path learns as a logistic regression of its own
     (the rest of the logit held at 0), whatever the transformer says: its weights equal

@@ -58,6 +58,11 @@ class WideAdaGrad:
         #: `destination_row`), which a first look's "block" does not step (`learn`)
         self.destination_from = (None if pair is None or not destination_rows
                                  else pair[0].shape[0] - destination_rows)
+        #: after a drift alarm: examples left whose contradicting labels relax their
+        #: buckets' sums, by what factor, beyond which margin, and the buckets relaxed
+        #: already (`relax_contradicted`)
+        self.contra_left, self.contra_factor, self.contra_margin = 0, 1.0, 0.0
+        self.contra_done: set[int] = set()
 
     @classmethod
     def for_model(cls, model, accum_flat, **kw) -> WideAdaGrad | WideBag:
@@ -129,6 +134,8 @@ class WideAdaGrad:
         stepped on every exfiltration to it took a share of the rule, so a host it had
         not seen got less of it (docs/learning.md, "The destination's own rows")."""
         st = self._gradient(idx, val, z_rest, label, weight, pair)
+        if self.contra_left > 0:
+            self._relax_if_contradicted(st, label)
         if pair_hold > 0 and label >= 0.5 and st["z_pair"] < -pair_hold:
             st["pair"] = []  # held: the linear weights step alone, on the same gradient
         elif (st["pair"] and self.destination_from is not None and label < 0.5
@@ -226,6 +233,35 @@ class WideAdaGrad:
         before + learned (a withdrawn drift alarm)."""
         self.w[...] += (1.0 - factor) * before
 
+    def relax_contradicted(self, factor: float, examples: int, margin: float) -> None:
+        """For the next `examples` learned (signals, second looks, replays), an example
+        whose label contradicts the logit by more than `margin` first multiplies the
+        AdaGrad sums of its linear buckets by `factor`, each bucket once (a drift alarm
+        calls it: `train.drift_wide_contra_relax`; `examples` 0 ends it).
+
+        Why (docs/learning.md, "Relaxing what the new policy contradicts"): after a policy
+        change the host shapes and known names the old policy made confident (+2..+4 on
+        calls the new one blocks) step by lr g / sqrt(G) with G summed over thousands of
+        signals, so they turn slowly; relaxing every sum at the alarm turned them faster
+        but let the new policy's first examples be learned by their own n-grams more than
+        by the shapes an unseen value shares with them (block recall on unseen values
+        fell). Here only the buckets of calls the new labels contradict get large steps
+        again; the features that still hold keep their sums."""
+        self.contra_left, self.contra_factor = max(0, int(examples)), float(factor)
+        self.contra_margin, self.contra_done = float(margin), set()
+
+    def _relax_if_contradicted(self, st: dict, label: float) -> None:
+        """One example of `relax_contradicted`'s window: `st` is its `_gradient`."""
+        self.contra_left -= 1
+        z = st["z"]
+        if (z >= 0.0) == (label >= 0.5) or abs(z) <= self.contra_margin:
+            return
+        fresh = [j for j in st["idx"].tolist() if j not in self.contra_done]
+        if fresh:
+            self.contra_done.update(fresh)
+            d = self.xp.asarray(np.asarray(fresh, dtype=np.intp))
+            self.g2[d] = self.g2[d] * self.contra_factor
+
     def relax(self, factor: float, pair_factor: float | None = None) -> None:
         """Scale the squared-gradient sums by `factor` (0 = forget them), the pair term's
         by `pair_factor` (default: `factor`): after a policy change AdaGrad's steps have
@@ -320,6 +356,11 @@ class WideBag:
         """`WideAdaGrad.unshrink` on every member."""
         for learner, b in zip(self.learners, before, strict=True):
             learner.unshrink(b, factor)
+
+    def relax_contradicted(self, factor: float, examples: int, margin: float) -> None:
+        """`WideAdaGrad.relax_contradicted` on every member (each judges by its own logit)."""
+        for learner in self.learners:
+            learner.relax_contradicted(factor, examples, margin)
 
     def relax(self, factor: float, pair_factor: float | None = None) -> None:
         """`WideAdaGrad.relax` on every member."""

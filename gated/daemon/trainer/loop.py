@@ -441,9 +441,7 @@ class Trainer(Control, GpuFallback, Publication, threading.Thread):
                     "rise was the gate's own mistakes", began_seq,
                     100 * self.settings.drift_replay_fraction,
                     self.settings.drift_adapt_signals,
-                    f", the wide path's linear weights x{self.settings.drift_wide_shrink:g} "
-                    "(kept if confirmed)" if shrunk else "",
-                    self.settings.drift_confirm_signals)
+                    self.wide_path.drift_note(shrunk), self.settings.drift_confirm_signals)
         self.events.on_drift(began_seq)
 
     def _set_aside(self, ex: dict) -> bool:

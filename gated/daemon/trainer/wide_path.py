@@ -130,18 +130,36 @@ class WidePath:
         old policy's labels (dropped), AdaGrad's shrunken steps are relaxed
         (`train.drift_wide_relax`, the pair term's by `train.drift_wide_pair_relax`) so
         the path moves as fast as at the start, the linear weights shrink by
-        `train.drift_wide_shrink` until the alarm's verdict (`on_drift_verdict`), and a
-        bag's members all learn the next `train.drift_wide_bag_all` examples. True if the
-        linear weights were shrunk."""
+        `train.drift_wide_shrink` until the alarm's verdict (`on_drift_verdict`), a
+        bag's members all learn the next `train.drift_wide_bag_all` examples, and for the
+        next `train.drift_wide_contra_examples` a label that contradicts the path relaxes
+        its buckets' sums (`train.drift_wide_contra_relax`). True if the linear weights
+        were shrunk."""
         s = self.settings
         undo = adapt_to_drift(self.second_look, self.learner, began_seq, s.drift_wide_relax,
                               s.drift_wide_pair_relax, s.drift_wide_bag_all,
-                              s.drift_wide_shrink)
+                              s.drift_wide_shrink, (s.drift_wide_contra_relax,
+                                                    s.drift_wide_contra_examples,
+                                                    s.drift_wide_contra_margin))
         if undo is None:
             return False
         self._shrunk[began_seq] = undo
         self.dirty = True
         return True
+
+    def drift_note(self, shrunk: bool) -> str:
+        """What `on_drift` did beyond the relax, for the trainer's drift log ("" if
+        nothing): the shrink (`shrunk`: it acted) and the contradiction window."""
+        s, note = self.settings, ""
+        if shrunk:
+            note += f", the wide path's linear weights x{s.drift_wide_shrink:g} (kept if confirmed)"
+        if (self.learner is not None and s.drift_wide_contra_relax != 1.0
+                and s.drift_wide_contra_examples > 0):
+            note += (f", and for the next {s.drift_wide_contra_examples} examples the wide "
+                     "path's features of a call it gets wrong by more than "
+                     f"{s.drift_wide_contra_margin:g} logits step as if new (sums "
+                     f"x{s.drift_wide_contra_relax:g})")
+        return note
 
     def on_drift_verdict(self, began_seq: int, confirmed: bool) -> None:
         """The alarm's verdict: a withdrawn alarm (the gate's own mistakes, corrected
@@ -180,14 +198,17 @@ def early_block_weight(seq: int, label: float, ordinary: bool, weight: float,
 
 def adapt_to_drift(second_look: SecondLook, learner: WideAdaGrad | WideBag | None,
                    began_seq: int, relax: float, pair_relax: float | None,
-                   bag_all: int, shrink: float = 1.0) -> tuple | None:
+                   bag_all: int, shrink: float = 1.0,
+                   contra: tuple[float, int, float] = (1.0, 0, 0.0)) -> tuple | None:
     """What a drift alarm does to the wide path (`WidePath.on_drift`), in one place so that
     bench/bench_wide_features.py's replay responds to its alarms as the daemon does: the
     waiting second looks from before `began_seq` are dropped, AdaGrad's sums relaxed
     (`WideAdaGrad.relax`), the linear weights multiplied by `shrink`
-    (`WideAdaGrad.shrink`), a bag's members all learn the next `bag_all` examples.
-    Returns what `adapt_to_drift_verdict` needs to take the shrink back (None: nothing
-    shrunk).
+    (`WideAdaGrad.shrink`), a bag's members all learn the next `bag_all` examples, and
+    the next examples whose labels contradict the path relax their buckets' sums
+    (`contra` = (factor, examples, margin): `WideAdaGrad.relax_contradicted`; factor 1 or
+    0 examples: off). Returns what `adapt_to_drift_verdict` needs to take the shrink back
+    (None: nothing shrunk).
 
     Why the shrink acts at the alarm and not at its verdict ~50 signals later: the
     new policy's first ~100 signals are where the old policy's confident weights cost
@@ -199,6 +220,8 @@ def adapt_to_drift(second_look: SecondLook, learner: WideAdaGrad | WideBag | Non
         return None
     learner.relax(relax, pair_relax)
     learner.learn_all_for(bag_all)
+    if contra[0] != 1.0 and contra[1] > 0:
+        learner.relax_contradicted(*contra)
     return (shrink, learner.shrink(shrink)) if shrink != 1.0 else None
 
 
@@ -206,8 +229,12 @@ def adapt_to_drift_verdict(learner: WideAdaGrad | WideBag | None, undo: tuple | 
                            confirmed: bool) -> bool:
     """A drift alarm's verdict for the wide path: withdrawn, the shrink `undo` (what
     `adapt_to_drift` returned) is taken back (`WideAdaGrad.unshrink`: what was learned
-    since stays). True if the weights changed."""
-    if learner is None or undo is None or confirmed:
+    since stays) and what contradicts the path relaxes nothing more (the labels were the
+    gate's own mistakes). True if the weights changed."""
+    if learner is None or confirmed:
+        return False
+    learner.relax_contradicted(1.0, 0, 0.0)
+    if undo is None:
         return False
     factor, before = undo
     learner.unshrink(before, factor)
