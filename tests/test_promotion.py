@@ -166,8 +166,8 @@ def test_a_difference_within_noise_is_published_a_significant_one_is_not(tmp_pat
         z_serve, z_cand = right.copy(), right.copy()
         z_serve[lost:lost + won] *= -1  # serving wrong where the candidate wins
         z_cand[:lost] *= -1  # candidate wrong where it loses
-        gate._serving_logits = lambda serving, sources: z_serve
-        gate._deep_logits = lambda model, step, sources: z_cand
+        gate._serving_logits = lambda serving, sources, seqs: z_serve
+        gate._deep_logits = lambda model, step, sources, seqs: z_cand
         trainer.model.params["wide.w"][...] = 0.0
         return gate.judge(trainer.model, 0, serving).published
 
@@ -343,4 +343,57 @@ def test_the_wide_judgement_reuses_a_slice_a_few_examples_old(tmp_path, monkeypa
     gate.relabel(newest["fp"], 1.0 - newest["label"])
     gate.judge_wide(trainer.model, serving)
     assert len(builds) == 2
+    store.close()
+
+
+def test_a_judgement_takes_turns_that_publish_only_the_wide_paths_progress(tmp_path):
+    """A full judgement's forward runs TURN_ROWS rows at a time, and between two chunks the
+    trainer takes the signals that arrived and publishes the wide path's progress beside
+    the SERVING transformer -- never the candidate under judgement, which is published
+    after its verdict; the judgement's rationed cost leaves the turns out. Why: flint's
+    slice is ~2-3 s of forward on a 2-core CPU, and serving answered ~50 signals with
+    the weights of before it."""
+    from gated.daemon.trainer import promotion
+
+    store, trainer, serving, events = _trained(tmp_path)
+    gate = trainer.promotion
+    now = [0.0]
+    trainer.use_clock(lambda: now[0])
+    trainer._steps_since_swap += 1
+    assert trainer._maybe_swap(force=True) is True
+    version = trainer.status.version
+    trainer.model.params["gate.w"][...] *= 1.5  # a transformer step: the whole slice anew
+    trainer._deep_version += 1
+    trainer._steps_since_swap += 1
+    assert len(gate.ring) > 2 * promotion.TURN_ROWS
+    seen: list[tuple[int, bool]] = []
+
+    def signal_arrives() -> None:  # the trainer's `before_turn`: a turn's first act
+        now[0] += 100.0  # every turn takes 100 s of the clock
+        seen.append((serving.current.version, np.array_equal(
+            serving.current.model.params["gate.w"], trainer.model.params["gate.w"])))
+        store.append_signals(_signals(2, start=1000 + 2 * len(seen)))
+    trainer.before_turn = signal_arrives
+    last, before = trainer.status.last_trained_seq, len(events.decisions)
+    assert trainer._maybe_swap(force=False) is True
+    turns = len(seen)
+    assert turns >= len(gate.ring) // promotion.TURN_ROWS - 1
+    assert trainer.status.last_trained_seq >= last + 2 * (turns - 1)  # taken in the turns
+    assert not any(same for _, same in seen)  # the candidate never served before its verdict
+    progress = [d for d in events.decisions[before:]
+                if d["reason"].startswith("the wide path's")]
+    assert len(progress) >= turns - 1  # each turn after the first found a dirty wide path
+    assert seen[-1][0] > version + 1  # published in the turns, before the verdict
+    assert not events.decisions[-1]["reason"].startswith("the wide path's")  # the verdict
+    np.testing.assert_array_equal(serving.current.model.params["gate.w"],
+                                  trainer.model.params["gate.w"])
+    assert gate.judge_seconds < 100.0  # the turns' 100 s each are not the judgement's
+
+    # a drift alarm in a turn drops the slice: the candidate is not judged on the old labels
+    trainer.model.params["gate.w"][...] *= 1.5
+    trainer._deep_version += 1
+    trainer._steps_since_swap += 1
+    trainer.before_turn = lambda: gate.forget(trainer.status.last_trained_seq)
+    assert trainer._maybe_swap(force=True) is True
+    assert "dropped by a drift alarm" in events.decisions[-1]["reason"]
     store.close()

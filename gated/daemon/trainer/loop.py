@@ -134,6 +134,8 @@ class Trainer(Control, GpuFallback, Publication, threading.Thread):
                                        settings.promotion_margin,
                                        settings.promotion_min_holdout,
                                        settings.promotion_holdout_after)
+        self.promotion.between = self._judgement_turn
+        self._judging = False  # a transformer candidate's judgement is in its turns
         self._refusals = 0  # promotion refusals in a row
         self._deep_version = 0  # bumped whenever the transformer's weights change
         self._good = self._capture()

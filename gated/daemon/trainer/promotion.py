@@ -56,10 +56,12 @@ import numpy as np
 
 from ...engine import source_batch
 from ...engine.infer import InferencePlan
+from ...engine.model import length_chunks
 from ...signals import CORRECTIONS
 
 JUDGE_TIME_SHARE = 0.1  # the most of the trainer's time judging may take
 CHEAP_ROWS = 16  # a judgement with a forward of at most this many rows is not rationed
+TURN_ROWS = 16  # a judgement's forward turns (`PromotionGate.between`) after this many rows
 
 
 @dataclass
@@ -99,6 +101,13 @@ class PromotionGate:
         self.judge_seconds = 0.0  # what the last judgement cost
         self._judged_at = float("-inf")
         self.clock: Callable[[], float] = time.monotonic  # the trainer's (see there)
+        #: called between two chunks of TURN_ROWS rows of a judgement's forward (the
+        #: trainer takes the signals that arrived and publishes the wide path's progress:
+        #: `Trainer._judgement_turn`); None: the forward runs in one go
+        self.between: Callable[[], None] | None = None
+        self._turning = False  # inside `between` (a judgement there does not turn again)
+        self._turn_seconds = 0.0  # spent in `between` during the current judgement
+        self._forgets = 0  # slices dropped by drift alarms (`forget`)
 
     @property
     def enabled(self) -> bool:
@@ -135,6 +144,7 @@ class PromotionGate:
         self.ring.clear()
         self.hold_after_seq = max(self.hold_after_seq, seen_seq + self.warmup)
         self._gen += 1
+        self._forgets += 1
         self._sources = None
 
     def due(self, step: int | None = None, serving: Any = None) -> bool:
@@ -173,15 +183,24 @@ class PromotionGate:
                                           f"fewer than {self.min_examples} held-back "
                                           f"examples: not judged{warm}")
             return self.last
-        t0 = self.clock()
+        t0, forgets = self.clock(), self._forgets
+        self._turn_seconds = 0.0
         sources, labels, seqs = self._slice(model.cfg)
         rows = self._missing(seqs, step, serving.current.version)
-        z_serve = self._serving_logits(serving, sources)
-        z_cand = self._deep_logits(model, step, sources) + model.wide_logit(sources)
+        z_deep = self._deep_logits(model, step, sources, seqs)
+        if self._forgets != forgets:  # a drift alarm in a turn dropped the slice
+            self.last = PromotionDecision(True, float("nan"), float("nan"), 0,
+                                          "the held-back slice was dropped by a drift alarm "
+                                          "during the judgement (its labels were the old "
+                                          "policy's): not judged")
+            return self.last
+        # the serving logits last: turns may have published the wide path's progress
+        z_serve = self._serving_logits(serving, sources, seqs)
+        z_cand = z_deep + model.wide_logit(sources)
         self._candidate = dict(zip(seqs, z_cand.tolist(), strict=True))
         if rows > CHEAP_ROWS:  # only a judgement with a real forward is rationed
             self._judged_at = self.clock()
-            self.judge_seconds = self._judged_at - t0
+            self.judge_seconds = self._judged_at - t0 - self._turn_seconds
         return self._decide(z_cand, z_serve, labels)
 
     def due_wide(self, serving: Any) -> bool:
@@ -209,7 +228,7 @@ class PromotionGate:
             return self.judge(model, -1, serving)  # not judged at all (the same message)
         # rebuilt before the serving logits lack more than CHEAP_ROWS of it (`due_wide`)
         sources, labels, seqs = self._slice(model.cfg, stale_ok=CHEAP_ROWS // 2)
-        z_serve = self._serving_logits(serving, sources)
+        z_serve = self._serving_logits(serving, sources, seqs)
         z_cand = (z_serve - serving.current.model.wide_logit(sources)
                   + model.wide_logit(sources))
         self._candidate = dict(zip(seqs, z_cand.tolist(), strict=True))
@@ -256,29 +275,59 @@ class PromotionGate:
                              [e["seq"] for e in items])
         return self._sources[1], self._sources[2], self._sources[3]
 
-    def _cached(self, cache: tuple[int, dict[int, float]], key: int, sources: dict,
-                forward: Any) -> tuple[tuple[int, dict[int, float]], np.ndarray]:
-        """Logits of the slice from `cache` (valid for `key`), running `forward` on the
-        rows it lacks; the new cache keeps only the slice's examples."""
-        seqs = self._sources[3]
+    def _cached(self, cache: tuple[int, dict[int, float]], key: int, seqs: list[int],
+                sources: dict, forward: Any, turns: bool = False
+                ) -> tuple[tuple[int, dict[int, float]], np.ndarray]:
+        """Logits of the slice (`sources`, its examples' `seqs`) from `cache` (valid for
+        `key`), running `forward` on the rows it lacks, TURN_ROWS rows of similar length
+        at a time, with `turns` a turn (`between`) between two of them; the new cache
+        keeps only the slice's examples. (The serving snapshot's rows take no turns: a
+        turn may publish, and their logits are of the snapshot they began with.)
+
+        Why the turns: on a 2-core CPU a whole slice is ~2-3 s of flint's forward, and
+        the trainer took no signal and published nothing meanwhile -- serving answered
+        ~50 signals with the weights of before, and where that fell on a policy change's
+        first signals the change's checkpoint was lost (docs/learning.md, "A judgement
+        in turns")."""
         known = cache[1] if cache[0] == key else {}
         todo = [i for i, q in enumerate(seqs) if q not in known]
         fresh: dict[int, float] = {}
         if todo:
-            part = {k: np.asarray(v)[todo] for k, v in sources.items()}
-            fresh = dict(zip((seqs[i] for i in todo), forward(part).tolist(), strict=True))
+            host = {k: np.asarray(v)[todo] for k, v in sources.items()}
+            for n, (rows, part) in enumerate(length_chunks(host, TURN_ROWS)):
+                if n and turns:
+                    self._turn()
+                fresh.update(zip((seqs[todo[r]] for r in rows), forward(part).tolist(),
+                                 strict=True))
         z = {q: known[q] if q in known else fresh[q] for q in seqs}
         return (key, z), np.array([z[q] for q in seqs], dtype=np.float64)
 
-    def _serving_logits(self, serving: Any, sources: dict) -> np.ndarray:
+    def _turn(self) -> None:
+        """`between`, timed (a judgement's rationed cost leaves it out), never nested."""
+        if self.between is None or self._turning:
+            return
+        self._turning, t0 = True, self.clock()
+        try:
+            self.between()
+        finally:
+            self._turning = False
+            self._turn_seconds += self.clock() - t0
+
+    def _serving_logits(self, serving: Any, sources: dict, seqs: list[int]) -> np.ndarray:
         snap = serving.current
-        self._z_serving, z = self._cached(self._z_serving, snap.version, sources, snap.logits)
+        self._z_serving, z = self._cached(self._z_serving, snap.version, seqs, sources,
+                                          snap.logits)
         return z
 
-    def _deep_logits(self, model: Any, step: int, sources: dict) -> np.ndarray:
+    def _deep_logits(self, model: Any, step: int, sources: dict, seqs: list[int]
+                     ) -> np.ndarray:
+        plan: list = []  # the candidate's inference plan, built at its first chunk
+
         def forward(part: dict) -> np.ndarray:
-            on_cpu = getattr(model.ops, "name", "numpy") == "numpy"
-            plan = InferencePlan(model) if on_cpu else model
-            return plan.predict_z({k: v for k, v in part.items() if not k.startswith("wide_")})
-        self._z_deep, z = self._cached(self._z_deep, step, sources, forward)
+            if not plan:
+                on_cpu = getattr(model.ops, "name", "numpy") == "numpy"
+                plan.append(InferencePlan(model) if on_cpu else model)
+            return plan[0].predict_z({k: v for k, v in part.items()
+                                      if not k.startswith("wide_")})
+        self._z_deep, z = self._cached(self._z_deep, step, seqs, sources, forward, turns=True)
         return z

@@ -36,8 +36,9 @@ class _GoodState:
 class Publication:
     """Mixin of `Trainer`: swap, rollback, checkpoint. Uses the trainer's model, AdamW,
     serving snapshot, store, status, settings, events, clock, promotion gate, wide path,
-    window, monitor, retention, `_deep_version` and `_in_step`; the state below is set in
-    `Trainer.__init__` (and `_steps_since_swap` counted by its step)."""
+    window, monitor, retention, `_deep_version`, `_in_step`, `_judging` and `_turn`; the
+    state below is set in `Trainer.__init__` (and `_steps_since_swap` counted by its
+    step)."""
 
     _good: _GoodState  # what a rollback restores
     _last_swap_time: float  # by `clock`
@@ -95,8 +96,14 @@ class Publication:
         `wide_only` on the serving transformer with the training wide path
         (`_publish_wide_progress`); a refusal is logged and counted, and after
         `promotion_max_refusals` in a row training restarts from the serving weights."""
-        d = (self.promotion.judge_wide(self.model, self.serving) if wide_only
-             else self.promotion.judge(self.model, self._deep_version, self.serving))
+        if wide_only:
+            d = self.promotion.judge_wide(self.model, self.serving)
+        else:
+            self._judging = True  # its forward takes turns (`Trainer._judgement_turn`)
+            try:
+                d = self.promotion.judge(self.model, self._deep_version, self.serving)
+            finally:
+                self._judging = False
         self.events.on_promotion(d.as_dict())
         if d.published:
             self._refusals = 0
@@ -105,7 +112,8 @@ class Publication:
         log.warning("promotion gate: candidate NOT published (%s); serving keeps version %d "
                     "(refusal %d in a row)", d.reason, self.status.version, self._refusals)
         self._last_swap_time = self.clock()  # judge again after the next interval
-        if self._refusals >= self.settings.promotion_max_refusals and not self._in_step:
+        if (self._refusals >= self.settings.promotion_max_refusals and not self._in_step
+                and not self._judging):
             # (in the middle of a step the rollback waits for the step's own swap)
             self._refusals = 0
             self._rollback(f"promotion gate refused {self.settings.promotion_max_refusals} "
@@ -120,14 +128,20 @@ class Publication:
         if not (due or force):
             return False
         if not self.model.ops.all_finite(self.model.flat):
-            if not self._in_step:  # else after the step, which checks its weights
+            if not (self._in_step or self._judging):  # else after them: the step checks
                 self._rollback("non-finite weights at swap")
             return False
+        if self._judging:  # a turn inside a judgement: its candidate waits for the verdict
+            return self._publish_wide_progress()
         if judge and not (force or self.promotion.due(self._deep_version, self.serving)):
             # judging the new transformer would take more than its share of the trainer's
             # time: publish what the wide path learned meanwhile, beside the serving one
             return self._publish_wide_progress()
         if judge and not self._promoted():
+            return False
+        if not self.model.ops.all_finite(self.model.flat):  # the judgement's turns learned
+            if not self._in_step:
+                self._rollback("non-finite weights at swap")
             return False
         host = self._host_copy(self.model.flat)
         self._publish(self.model.flat, host, self.status.step, judged=judge)
@@ -136,6 +150,15 @@ class Publication:
             self.model.ewc.consolidate(self.model.flat)
         self._steps_since_swap = 0
         return True
+
+    def _judgement_turn(self) -> None:
+        """Between two chunks of a judgement's forward (promotion.py `between`): what a
+        step's turn does (`_turn`: take the signals that arrived, publish), where only the
+        wide path's progress beside the serving transformer may publish (`_maybe_swap`)
+        -- the candidate under judgement is not published before its verdict. Off where
+        a step takes no turns (`train.wide_turns` off, or a GPU)."""
+        if self.settings.wide_turns and self.model.ops.xp is np:
+            self._turn()
 
     def _publish(self, flat, host: np.ndarray, step: int, judged: bool) -> None:
         """The next version: `flat` to the serving snapshot, its host copy `host` (with the
