@@ -351,8 +351,8 @@ def test_a_judgement_takes_turns_that_publish_only_the_wide_paths_progress(tmp_p
     trainer takes the signals that arrived and publishes the wide path's progress beside
     the SERVING transformer -- never the candidate under judgement, which is published
     after its verdict; the judgement's rationed cost leaves the turns out. Why: flint's
-    slice is ~2-3 s of forward on a 2-core CPU, and serving answered ~50 signals with
-    the weights of before it."""
+    slice is ~4 s of forward on one core, and serving answered ~80 signals with the
+    weights of before it."""
     from gated.daemon.trainer import promotion
 
     store, trainer, serving, events = _trained(tmp_path)

@@ -284,11 +284,12 @@ class PromotionGate:
         keeps only the slice's examples. (The serving snapshot's rows take no turns: a
         turn may publish, and their logits are of the snapshot they began with.)
 
-        Why the turns: on a 2-core CPU a whole slice is ~2-3 s of flint's forward, and
-        the trainer took no signal and published nothing meanwhile -- serving answered
-        ~50 signals with the weights of before, and where that fell on a policy change's
-        first signals the change's checkpoint was lost (docs/learning.md, "A judgement
-        in turns")."""
+        Why the turns: a whole slice is ~3.6-4 s of flint's forward on one core of this
+        project's 2-core VM (200 realistic sources), and the trainer took no signal and
+        published nothing meanwhile -- live, 21 gaps of 2.5-5.8 s between publications
+        served 13% of a 10-minute stream with older weights, and the one that fell on a
+        policy change's first 90 signals lost the change's checkpoint (docs/learning.md,
+        "A judgement in turns")."""
         known = cache[1] if cache[0] == key else {}
         todo = [i for i, q in enumerate(seqs) if q not in known]
         fresh: dict[int, float] = {}
