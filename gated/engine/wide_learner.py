@@ -246,7 +246,8 @@ class WideAdaGrad:
         but let the new policy's first examples be learned by their own n-grams more than
         by the shapes an unseen value shares with them (block recall on unseen values
         fell). Here only the buckets of calls the new labels contradict get large steps
-        again; the features that still hold keep their sums."""
+        again; the features that still hold keep their sums. Not checkpointed (as the bag's
+        `learn_all_for`): a restart inside the window ends it."""
         self.contra_left, self.contra_factor = max(0, int(examples)), float(factor)
         self.contra_margin, self.contra_done = float(margin), set()
 
