@@ -158,7 +158,11 @@ class Publication:
         -- the candidate under judgement is not published before its verdict. Off where
         a step takes no turns (`train.wide_turns` off, or a GPU)."""
         if self.settings.wide_turns and self.model.ops.xp is np:
+            counted = self._turn_seconds
             self._turn()
+            # a step's turn that judges counts this time as its own (`_step` reports the
+            # step's time without its turns): not twice
+            self._turn_seconds = counted
 
     def _publish(self, flat, host: np.ndarray, step: int, judged: bool) -> None:
         """The next version: `flat` to the serving snapshot, its host copy `host` (with the
