@@ -311,6 +311,8 @@ class WideBag:
                        lambda self, v: self._set("pair_lr", v))
     pair_first = property(lambda self: self.learners[0].pair_first,
                           lambda self, v: self._set("pair_first", v))
+    #: the contradiction window's examples left (member 0's: it learns every example)
+    contra_left = property(lambda self: self.learners[0].contra_left)
 
     def learn_all_for(self, examples: int) -> None:
         """After a drift alarm: the next `examples` learned (signals, their second looks,

@@ -149,12 +149,12 @@ class WidePath:
 
     def drift_note(self, shrunk: bool) -> str:
         """What `on_drift` did beyond the relax, for the trainer's drift log ("" if
-        nothing): the shrink (`shrunk`: it acted) and the contradiction window."""
+        nothing): the shrink (`shrunk`: it acted) and the contradiction window (open: the
+        learner says so, whatever decided it)."""
         s, note = self.settings, ""
         if shrunk:
             note += f", the wide path's linear weights x{s.drift_wide_shrink:g} (kept if confirmed)"
-        if (self.learner is not None and s.drift_wide_contra_relax != 1.0
-                and s.drift_wide_contra_examples > 0):
+        if self.learner is not None and self.learner.contra_left > 0:
             note += (f", and for the next {s.drift_wide_contra_examples} examples the wide "
                      "path's features of a call it gets wrong by more than "
                      f"{s.drift_wide_contra_margin:g} logits step as if new (sums "
