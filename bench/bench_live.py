@@ -51,7 +51,7 @@ from anchor import HashedNgramLR, anchor_text, label_weight  # noqa: E402
 from bench_learning import CHECK_EVERY, Probes, _acc, _paired, _recall_block  # noqa: E402
 from bench_soak import Daemon  # noqa: E402
 from docs_section import machine  # noqa: E402
-from learning_report import reached_95  # noqa: E402
+from learning_report import both_perfect, reached_95  # noqa: E402
 
 from gated.client import Client  # noqa: E402
 from gated.online import brier_score, expected_calibration_error  # noqa: E402
@@ -273,7 +273,8 @@ def summary(r: dict, switch_at: int, rate: float) -> list[str]:
         f"- gated ahead of the anchor at {sum(x['gated'] > x['anchor'] for x in rows)} of "
         f"{len(rows)} checkpoints; where not: " + (", ".join(
             f"{x['n']} ({x['gated']:.3f} / {x['anchor']:.3f}, {x['wins']} won / "
-            f"{x['losses']} lost)" for x in rows if x["gated"] <= x["anchor"]) or "none"),
+            f"{x['losses']} lost{', both perfect' if both_perfect(x) else ''})"
+            for x in rows if x["gated"] <= x["anchor"]) or "none"),
         f"- first checkpoint with >= 0.95 over the last 500: **"
         f"{first95 if first95 is not None else 'not reached'}**; back to >= 0.95 after the "
         f"change: **{back95 if back95 is not None else 'not within the run'}** signals",

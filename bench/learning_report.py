@@ -19,7 +19,7 @@ def _significant(r: dict) -> int:
     return 1 if w > lo else -1
 
 
-def _both_perfect(r: dict) -> bool:
+def both_perfect(r: dict) -> bool:
     """Both learners right on every one of the checkpoint's last 500: a tie that no learner
     could win, told apart in the summary from a tie or a loss by a few signals (the target
     "ahead at every checkpoint" is still counted strictly: such a checkpoint is not ahead)."""
@@ -140,7 +140,7 @@ def reached_95(rows: list[dict], switch: int) -> tuple[int | None, int | None]:
 def summary(r: dict) -> list[str]:
     rows, switch = r["rows"], r["switch_at"]
     beats = all(x["gated"] > x["anchor"] for x in rows)
-    perfect = sum(_both_perfect(x) for x in rows)
+    perfect = sum(both_perfect(x) for x in rows)
     first95, back95 = reached_95(rows, switch)
     pre = [x for x in rows if x["n"] <= switch]
     last_pre = pre[-1] if pre else rows[-1]
@@ -152,7 +152,7 @@ def summary(r: dict) -> list[str]:
         f"significantly ahead at {sum(_significant(x) > 0 for x in rows)}, significantly "
         f"behind at {sum(_significant(x) < 0 for x in rows)} of {len(rows)} checkpoints; "
         f"where behind: " + (", ".join(f"{x['n']} ({x['wins']} won / {x['losses']} lost"
-                                      f"{', both perfect' if _both_perfect(x) else ''})"
+                                      f"{', both perfect' if both_perfect(x) else ''})"
                                       for x in rows if x["gated"] <= x["anchor"]) or "none"),
         f"- first checkpoint with >= 0.95 over the last 500: "
         f"**{first95 if first95 is not None else 'not reached'}** signals (target <= 4000)",
