@@ -22,8 +22,9 @@ def _significant(r: dict) -> int:
 def both_perfect(r: dict) -> bool:
     """Both learners right on every one of the checkpoint's last 500: a tie that no learner
     could win, told apart in the summary from a tie or a loss by a few signals (the target
-    "ahead at every checkpoint" is still counted strictly: such a checkpoint is not ahead)."""
-    return r["wins"] == 0 and r["losses"] == 0 and r["gated"] == 1.0 and r["anchor"] == 1.0
+    "ahead at every checkpoint" is still counted strictly: such a checkpoint is not ahead).
+    Both scored on the same 500, so neither won nor lost a signal there."""
+    return r["gated"] == r["anchor"] == 1.0
 
 
 def row_text(r: dict) -> str:
