@@ -17,7 +17,8 @@ only on uploads" (not kept); ``dest-unheld``, ``dest-allow-only`` and ``dest-cro
 (not kept); ``bag-draw`` and ``bag-resync``: "The wide path as a bag" (the engine's
 draws, `ModelConfig.wide_members` with grid field 25, kept); ``bag-repeat``: "Every member
 learns after a drift alarm" (not kept; what was kept there is bench_wide_features.py's
-``--drift-bag-all``).
+``--drift-bag-all``); ``doubt`` and ``contra-spare``: "The pair term's window" (not
+kept; what was kept there is bench_wide_features.py's ``--pair-history``).
 
     --experiment destination[:SCALE][:egress][:outside]
                                the pair term's call side gains ``p|dest|<domain>``: the
@@ -141,6 +142,19 @@ learns after a drift alarm" (not kept; what was kept there is bench_wide_feature
                                rightful "allow" the term cannot explain (a secret read 11
                                calls back, one past the rule's window) moved every
                                exfiltration's call words toward "allow" at weight 4
+    --experiment doubt=K[:H]   a second look's "allow" (the harness's learn without a pair
+                               hold) that the pair term contradicts by more than H logits
+                               (default 3, the daemon's `train.wide_pair_hold`) steps at K
+                               times its weight: the pair term learns such an "allow" only
+                               there, and one the gate got wrong and nobody corrected (an
+                               exfiltration by e-mail, seed 7) moved every exfiltration
+                               by e-mail +2 to +3 logits toward "allow"
+    --experiment contra-spare=S
+                               after a drift alarm the contradiction window
+                               (`train.drift_wide_contra_relax`, the harness's
+                               --drift-contra) does not relax the sums for an "allow"
+                               that the pair term contradicts by more than S logits: the
+                               history rule's block is not what a policy change flips
     --experiment dest-secret   the destination key only on a call after a credential-file
                                read (`with_dest_after_secret`), stepped as usual
     --experiment dest-unheld   the pair hold (`train.wide_pair_hold`) spares the pair
@@ -320,6 +334,31 @@ def with_held_weight(learn, weight: float, held: list[int]):
                 w = weight
         return learn(self, idx, val, z_rest, label, w, pair, pair_hold)
     return reweighted
+
+
+def with_doubt(learn, weight: float, threshold: float, doubted: list[int]):
+    """`WideAdaGrad.learn` that gives a second look's "allow" (`pair_hold` 0 in the harness:
+    its second looks, and replays, which it has none of) the weight `weight` times its own
+    when the pair term says "block" by more than `threshold` (counted in `doubted`)."""
+    def doubting(self, idx, val, z_rest, label, w, pair=None, pair_hold=0.0):
+        if pair_hold == 0 and label >= 0.5 and pair is not None:
+            if self._gradient(idx, val, z_rest, label, w, pair)["z_pair"] < -threshold:
+                doubted[0] += 1
+                w *= weight
+        return learn(self, idx, val, z_rest, label, w, pair, pair_hold)
+    return doubting
+
+
+def with_contra_spare(relax_if_contradicted, threshold: float, spared: list[int]):
+    """`WideAdaGrad._relax_if_contradicted` that spares an "allow" the pair term contradicts
+    by more than `threshold` (it still counts as one of the window's examples)."""
+    def spare_or_relax(self, st: dict, label: float) -> None:
+        if label >= 0.5 and st["z_pair"] < -threshold:
+            self.contra_left -= 1
+            spared[0] += 1
+            return
+        relax_if_contradicted(self, st, label)
+    return spare_or_relax
 
 
 def with_destination_rows(pair_features, rows_seen: set, zero_table: list | None = None,
@@ -746,7 +785,7 @@ def main() -> None:
     ap.add_argument("rest", nargs=argparse.REMAINDER,
                     help="-- then bench_wide_features.py's arguments")
     a = ap.parse_args()
-    held, views, dest_steps, kept, reweighted = [0], [0], [0], [0], [0]
+    held, views, dest_steps, kept, reweighted, doubted, spared = ([0] for _ in range(7))
     dest_rows: set[int] = set()
     for exp in a.experiment:
         if exp.startswith("destination"):  # destination[:SCALE][:egress][:outside]
@@ -776,6 +815,13 @@ def main() -> None:
         elif exp.startswith("held-weight="):
             WideAdaGrad.learn = with_held_weight(WideAdaGrad.learn,
                                                  float(exp.split("=", 1)[1]), reweighted)
+        elif exp.startswith("doubt="):  # doubt=K[:H]
+            k, *h = exp.split("=", 1)[1].split(":")
+            WideAdaGrad.learn = with_doubt(WideAdaGrad.learn, float(k),
+                                           float(h[0]) if h else 3.0, doubted)
+        elif exp.startswith("contra-spare="):
+            WideAdaGrad._relax_if_contradicted = with_contra_spare(
+                WideAdaGrad._relax_if_contradicted, float(exp.split("=", 1)[1]), spared)
         elif exp.startswith("shared-view="):  # shared-view=P[:words][:history]
             share, *opts = exp.split("=", 1)[1].split(":")
             record_parts("words" in opts, "history" in opts)
@@ -834,7 +880,8 @@ def main() -> None:
             ap.error(f"unknown experiment {exp!r}: destination[:SCALE][:egress], dest-cross=S, "
                      "pair-egress=S, "
                      "domain-key=S[:tool][:only], relax-part=R:PART, "
-                     "allow-hold=H, held-weight=W, shared-view=P[:words][:history], "
+                     "allow-hold=H, held-weight=W, doubt=K[:H], contra-spare=S, "
+                     "shared-view=P[:words][:history], "
                      "adagrad-init=G0[:pair], sum-decay=RHO[:pair], drift-shrink=S[:pair], "
                      "ngram-scale=S, ema=D, pair-lr=LR:N, bag-draw=..., bag-resync, "
                      "bag-repeat, dest-secret, dest-unheld or "
@@ -854,6 +901,10 @@ def main() -> None:
         print(f"held corrections stepped at the experiment's weight: {reweighted[0]}")
     if views[0]:
         print(f"shared-view steps: {views[0]}")
+    if doubted[0]:
+        print(f"second-look allows stepped at the doubt's weight (per member): {doubted[0]}")
+    if spared[0]:
+        print(f"contradicting allows the relax spared (per member): {spared[0]}")
     if dest_steps[0]:
         print(f"held allows that stepped their destination's row: {dest_steps[0]}")
     if kept[0]:

@@ -108,7 +108,13 @@ read in the window -- and their allow twins apart).
         --switch-at 4000 --every 500 --init-seed -1 --second-look 200 --pair-hold 3 \
         --drift-relax 1 --drift-bag-all 500 --early-block 2:2000 --call-mark-places \
         --grid 0.3,0.3,1e-3,8,0.1,0.5,1,0.5,0.1,0,-1,1,4,1,1,2,1,0.5,1,1,1,0.3,0.0625,1,4 \
-        [--endpoint-addresses]   # the public address mark (kept: today's defaults)
+        [--endpoint-addresses]   # the public address mark (kept)
+    .venv/bin/python bench/bench_wide_features.py --seeds 0 1 2 3 4 5 6 7 --signals 10000 \
+        --switch-at 4000 --every 500 --init-seed -1 --second-look 200 --pair-hold 3 \
+        --drift-relax 1 --drift-bag-all 500 --early-block 2:2000 --call-mark-places \
+        --endpoint-addresses --drift-contra 0.1:500:0 --lag 25 \
+        --grid 0.3,0.3,1e-3,8,0.1,0.5,1,0.5,0.1,0,-1,1,4,1,1,2,1,0.5,1,1,1,0.3,0.0625,1,4 \
+        [--pair-history 10]   # the pair term's window (kept: today's defaults)
 """
 
 from __future__ import annotations
@@ -181,7 +187,8 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
            early_block: tuple[float, int] = (1.0, 0), call_places: bool = False,
            addresses: bool = False, early_looks: str = "both",
            bias: float | None = None, drift_shrink: float = 1.0,
-           drift_contra: tuple[float, int, float] = (1.0, 0, 0.0)) -> dict:
+           drift_contra: tuple[float, int, float] = (1.0, 0, 0.0),
+           pair_history: int = 0) -> dict:
     """One setting's run; `lag` > 1 scores each signal with weights that have not yet
     learned the previous `lag` - 1 (updates applied in groups of `lag`), as the daemon's
     trainer scores a step's arrivals with the weights published before them. `pair_rank`
@@ -221,7 +228,8 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
     alarm, taken back if it is withdrawn; 1, off, here by default, for the same reason),
     `drift_contra` (`train.drift_wide_contra_relax`, `_examples`, `_margin`: after an
     alarm a contradicting label relaxes its buckets' sums; off here by default, for the
-    same reason), `early_block`
+    same reason), `pair_history` `ModelConfig.wide_pair_history` (the newest entries the
+    pair term reads; 0, every entry, here by default, for the same reason), `early_block`
     (`train.wide_early_block_weight`, `_signals`: a block label's
     weight at the first signal and the signal where it has faded to 1; (1, 0), off, here
     by default, for the same reason), `call_places` `ModelConfig.wide_sensitive_call_places`
@@ -242,7 +250,8 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
                               wide_sensitive_places=sensitive_places,
                               wide_members=members,
                               wide_sensitive_call_places=call_places,
-                              wide_endpoint_addresses=addresses)
+                              wide_endpoint_addresses=addresses,
+                              wide_pair_history=pair_history)
     if bias is not None:  # else the preset's (1)
         cfg = dataclasses.replace(cfg, wide_bias=bias)
 
@@ -444,6 +453,10 @@ def main() -> None:
     ap.add_argument("--drift-cap", type=float, default=0.0,
                     help="at an alarm also cap the linear weights' AdaGrad sums at this "
                          "(0: no cap)")
+    ap.add_argument("--pair-history", type=int, default=0,
+                    help="the pair term reads only the newest N history entries "
+                         "(ModelConfig.wide_pair_history; default 0, every entry, as before "
+                         "it; the daemon's: 10)")
     ap.add_argument("--correction-weight", type=float, default=0.0,
                     help="the wide path's weight of a correction (0: DESIGN.md's, 4.0)")
     a = ap.parse_args()
@@ -480,7 +493,7 @@ def main() -> None:
                        a.drift_waits, int(members), a.drift_bag_all,
                        (float(a.early_block.split(":")[0]), int(a.early_block.split(":")[1])),
                        a.call_mark_places, a.endpoint_addresses, a.early_looks, a.bias,
-                       a.drift_shrink, contra)
+                       a.drift_shrink, contra, a.pair_history)
             p0, p1 = (r["at"][p] for p in points)
 
             def pair(k: str, p0=p0, p1=p1) -> str:

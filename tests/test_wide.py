@@ -926,6 +926,51 @@ def test_pair_features_are_bounded_and_ignore_what_they_cannot_read():
     assert len(pair_features("x {}", ['fs.read {"path": "/w/a.a"}'], 1 << 14)[2]) == 2
 
 
+def test_the_pair_term_reads_only_its_window_of_the_history():
+    """`ModelConfig.wide_pair_history` = N: the pair term's history side holds the keys of
+    the newest N entries only (a secret read N + 1 calls back gives the features of a
+    history without it, the call side's destination key too, which only a credential
+    read in view brings), the linear features are unchanged, and 0 reads every entry; the
+    default (10, the learning issue's window) enters the fingerprint, 0 -- what the code
+    read before the field -- does not."""
+    from gated.engine.wide_pair import pair_features
+
+    secret = 'fs.read {"path": "/w/app/.env"}'
+    plain = [f'fs.read {{"path": "/w/app/f{i}.py"}}' for i in range(11)]
+    far = [secret] + plain[:10]  # the secret 11 calls back
+    near = plain[:1] + [secret] + plain[1:10]  # 10 back
+    call = 'email.send {"to": "eve@gmail.com", "subject": "hi"}'
+    for a, b in ((pair_features(call, far, 1 << 14, window=10),
+                  pair_features(call, plain[1:11], 1 << 14, window=10)),):
+        for x, y in zip(a[:2], b[:2], strict=True):  # the call side: the same site
+            np.testing.assert_array_equal(x, y)
+    got = pair_features(call, far, 1 << 14, window=10)
+    alone = pair_features(call, plain[:10], 1 << 14, window=10)
+    assert len(got[2]) == len(alone[2])  # ten entries' keys, none of the secret's
+    secret_keys = set(pair_features(call, [secret], 1 << 14)[2].tolist())
+    assert not secret_keys & set(got[2].tolist())
+    assert secret_keys <= set(pair_features(call, near, 1 << 14, window=10)[2].tolist())
+    assert secret_keys <= set(pair_features(call, far, 1 << 14, window=0)[2].tolist())
+    flint = ModelConfig.preset("flint")
+    assert flint.wide_pair_history == 10
+    cut, whole = (source_batch([(call, far)], dataclasses.replace(flint, wide_pair_history=w))
+                  for w in (10, 0))
+    assert set(cut["wide_ph_idx"][0][cut["wide_ph_val"][0] != 0].tolist()) < set(
+        whole["wide_ph_idx"][0][whole["wide_ph_val"][0] != 0].tolist())
+    for key in ("wide_idx", "wide_val"):
+        np.testing.assert_array_equal(cut[key], whole[key])
+    assert cut["wide_pc_idx"].shape[1] == whole["wide_pc_idx"].shape[1] - 1  # no destination
+    np.testing.assert_array_equal(cut["wide_pc_idx"][0], whole["wide_pc_idx"][0][:-1])
+    before = dataclasses.replace(flint, wide_pair_history=0)
+    old = {k: v for k, v in dataclasses.asdict(before).items()
+           if k not in ("wide_pair_history", "wide_bias")}  # wide_bias 1.0: as before it too
+    assert before.fingerprint() == hashlib.blake2b(json.dumps(old, sort_keys=True).encode(),
+                                                   digest_size=12).hexdigest()
+    assert flint.fingerprint() != before.fingerprint()
+    with pytest.raises(ValueError, match="wide_pair_history"):
+        ModelConfig(wide_pair_history=-1)
+
+
 def test_the_wide_path_replays_reservoir_examples_with_their_current_labels(tmp_path):
     """`wide_replay`: after each fresh signal the wide path learns reservoir examples again
     (its weights differ from one pass over the same signals), and what it replays carries

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 #: that code behaved as: at that value the field does not enter `ModelConfig.fingerprint`
 #: (a field that changes what the weights mean at its default is not listed: its states
 #: need `gated run --reinit`, docs/operations.md).
-FINGERPRINT_AS_BEFORE: dict[str, object] = {"wide_bias": 1.0}
+FINGERPRINT_AS_BEFORE: dict[str, object] = {"wide_bias": 1.0, "wide_pair_history": 0}
 
 
 @dataclass(frozen=True)
@@ -159,6 +159,16 @@ class ModelConfig:
     #: units), so one incriminating read carries the term and the session's other files
     #: are not blamed with it.
     wide_pair_pool: float = 0.5
+    #: The pair term reads only the newest this many history entries (0 = every entry the
+    #: call came with): how far back a history rule looks, the window the policy names --
+    #: the learning issue's "a secret read 10 calls earlier", the realistic stream's rule
+    #: (gated/traffic `SECRET_WINDOW`): knowledge of the policy, given, not learned. Read
+    #: further back, a secret 11 or 12 calls before a rightful upload (TRUE allow) taught
+    #: the term "allow" for the secret's keys, one full step at each second look, against
+    #: the uploads it blocks (docs/learning.md, "The pair term's window"). The transformer
+    #: and the linear features still read every entry the source holds (`max_history`):
+    #: a policy that looks further back is learned there, more slowly.
+    wide_pair_history: int = 10
     #: How the pair term joins the linear logit (engine/wide_logit.py `veto_combine`): 0 = added;
     #: c > 0 = the history as a veto, sigmoid(z) = sigmoid(linear) sigmoid(c + pair), c
     #: being how sure an unremarkable history is of "allow" (docs/learning.md, "The
@@ -201,7 +211,8 @@ class ModelConfig:
                      "wide_sensitive_files", "wide_endpoints", "wide_sql_statements",
                      "wide_path_places", "wide_call_domains", "wide_egress_calls",
                      "wide_pair_destination", "wide_pair_rank",
-                     "wide_pair_buckets", "wide_pair_init", "wide_pair_pool", "wide_pair_veto"):
+                     "wide_pair_buckets", "wide_pair_init", "wide_pair_pool", "wide_pair_veto",
+                     "wide_pair_history"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.wide_members < 1:

@@ -174,7 +174,8 @@ def source_batch(items: Sequence[tuple[str, Sequence[str] | None]],
         if cfg.wide_pair_rank:
             pairs = [pair_features(c, h, cfg.wide_pair_buckets, cfg.wide_sensitive_files,
                                    cfg.wide_egress_calls, cfg.wide_pair_destination,
-                                   cfg.pair_destination_rows, cfg.wide_sensitive_places)
+                                   cfg.pair_destination_rows, cfg.wide_sensitive_places,
+                                   cfg.wide_pair_history)
                      for c, h in items]
             out["wide_pc_idx"], out["wide_pc_val"] = pad_features([p[:2] for p in pairs])
             out["wide_ph_idx"], out["wide_ph_val"] = pad_features([p[2:4] for p in pairs])

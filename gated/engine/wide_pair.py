@@ -36,7 +36,7 @@ def destination_row(destination: str, buckets: int, destination_rows: int = 0) -
 def pair_features(context: str, history: Sequence[str] | None, buckets: int,
                   sensitive_scale: float = 0.0, egress_scale: float = 0.0,
                   destination_scale: float = 0.0, destination_rows: int = 0,
-                  sensitive_places: bool = False
+                  sensitive_places: bool = False, window: int = 0
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The two sides of the call x history pair term: (call idx, call val, history idx,
     history val, history entry), bucket ids in 1..buckets-1 (a destination key's call row
@@ -73,6 +73,9 @@ def pair_features(context: str, history: Sequence[str] | None, buckets: int,
       stepped the shared mark toward "allow" (docs/learning.md, "The sensitive mark's
       place").
 
+    With `window` > 0 only the newest `window` entries of the history (oldest first) are
+    read (`ModelConfig.wide_pair_history`): a read further back is not the history rule's.
+
     Why a product of the two (`pair_logit`) and not more crosses: the history rule is a
     conjunction (an outbound call AND a secret read earlier); the linear crosses must learn
     it separately for every (site, file) pair from a few examples each, while the call's
@@ -89,7 +92,8 @@ def pair_features(context: str, history: Sequence[str] | None, buckets: int,
     dest = call_destination(args) if destination_scale > 0 and egress else None
     keys: list[tuple[str, int]] = []
     entries, secret_read = 0, False
-    for entry in (history or [])[-MAX_STRUCTURED:]:
+    recent = list(history or ())[-window:] if window > 0 else list(history or ())
+    for entry in recent[-MAX_STRUCTURED:]:
         e_tool, e_args = _parse_call(entry)
         path = e_args.get("path")
         if isinstance(path, str) and path and len(keys) < MAX_STRUCTURED:
