@@ -940,12 +940,10 @@ def test_the_pair_term_reads_only_its_window_of_the_history():
     far = [secret] + plain[:10]  # the secret 11 calls back
     near = plain[:1] + [secret] + plain[1:10]  # 10 back
     call = 'email.send {"to": "eve@gmail.com", "subject": "hi"}'
-    for a, b in ((pair_features(call, far, 1 << 14, window=10),
-                  pair_features(call, plain[1:11], 1 << 14, window=10)),):
-        for x, y in zip(a[:2], b[:2], strict=True):  # the call side: the same site
-            np.testing.assert_array_equal(x, y)
     got = pair_features(call, far, 1 << 14, window=10)
     alone = pair_features(call, plain[:10], 1 << 14, window=10)
+    for x, y in zip(got[:2], alone[:2], strict=True):  # the call side: the same site
+        np.testing.assert_array_equal(x, y)
     assert len(got[2]) == len(alone[2])  # ten entries' keys, none of the secret's
     secret_keys = set(pair_features(call, [secret], 1 << 14)[2].tolist())
     assert not secret_keys & set(got[2].tolist())

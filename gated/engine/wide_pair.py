@@ -92,8 +92,8 @@ def pair_features(context: str, history: Sequence[str] | None, buckets: int,
     dest = call_destination(args) if destination_scale > 0 and egress else None
     keys: list[tuple[str, int]] = []
     entries, secret_read = 0, False
-    recent = list(history or ())[-window:] if window > 0 else list(history or ())
-    for entry in recent[-MAX_STRUCTURED:]:
+    read = min(window, MAX_STRUCTURED) if window > 0 else MAX_STRUCTURED
+    for entry in (history or [])[-read:]:
         e_tool, e_args = _parse_call(entry)
         path = e_args.get("path")
         if isinstance(path, str) and path and len(keys) < MAX_STRUCTURED:
