@@ -195,7 +195,7 @@ import bench_wide_features  # noqa: E402
 
 from gated.engine import tokenizer, wide, wide_pair  # noqa: E402
 from gated.engine.known_names import egress_call, sensitive_file  # noqa: E402
-from gated.engine.wide_learner import WideAdaGrad, WideBag  # noqa: E402
+from gated.engine.wide_learner import NO_DOUBT, WideAdaGrad, WideBag  # noqa: E402
 from gated.traffic import destination_class  # noqa: E402
 
 
@@ -314,25 +314,27 @@ def with_relax_part(relax, factor: float, part: str):
 def with_allow_hold(learn, threshold: float, held: list[int]):
     """`WideAdaGrad.learn` that skips a contradicted first-look "allow" (counted in
     `held`); the harness passes `pair_hold` > 0 on first looks only."""
-    def hold_or_learn(self, idx, val, z_rest, label, weight, pair=None, pair_hold=0.0):
+    def hold_or_learn(self, idx, val, z_rest, label, weight, pair=None, pair_hold=0.0,
+                      doubt=NO_DOUBT):
         if pair_hold > 0 and label >= 0.5 and weight <= 1.0:
             z = self._gradient(idx, val, z_rest, label, weight, pair)["z"]
             if z < -threshold:
                 held[0] += 1
                 return z
-        return learn(self, idx, val, z_rest, label, weight, pair, pair_hold)
+        return learn(self, idx, val, z_rest, label, weight, pair, pair_hold, doubt)
     return hold_or_learn
 
 
 def with_held_weight(learn, weight: float, held: list[int]):
     """`WideAdaGrad.learn` that gives a correction's held first-look "allow" (the pair term
     says "block" by more than the hold) `weight` (counted in `held`)."""
-    def reweighted(self, idx, val, z_rest, label, w, pair=None, pair_hold=0.0):
+    def reweighted(self, idx, val, z_rest, label, w, pair=None, pair_hold=0.0,
+                   doubt=NO_DOUBT):
         if pair_hold > 0 and label >= 0.5 and w > 1.0:
             if self._gradient(idx, val, z_rest, label, w, pair)["z_pair"] < -pair_hold:
                 held[0] += 1
                 w = weight
-        return learn(self, idx, val, z_rest, label, w, pair, pair_hold)
+        return learn(self, idx, val, z_rest, label, w, pair, pair_hold, doubt)
     return reweighted
 
 
@@ -340,12 +342,13 @@ def with_doubt(learn, weight: float, threshold: float, doubted: list[int]):
     """`WideAdaGrad.learn` that gives a second look's "allow" (`pair_hold` 0 in the harness:
     its second looks, and replays, which it has none of) the weight `weight` times its own
     when the pair term says "block" by more than `threshold` (counted in `doubted`)."""
-    def doubting(self, idx, val, z_rest, label, w, pair=None, pair_hold=0.0):
+    def doubting(self, idx, val, z_rest, label, w, pair=None, pair_hold=0.0,
+                 doubt=NO_DOUBT):
         if pair_hold == 0 and label >= 0.5 and pair is not None:
             if self._gradient(idx, val, z_rest, label, w, pair)["z_pair"] < -threshold:
                 doubted[0] += 1
                 w *= weight
-        return learn(self, idx, val, z_rest, label, w, pair, pair_hold)
+        return learn(self, idx, val, z_rest, label, w, pair, pair_hold, doubt)
     return doubting
 
 
@@ -483,11 +486,12 @@ def with_dest_unheld(learn, rows_seen: set, steps: list[int]):
     uploads; held, it learns that only at second looks (org uploads after a secret-like
     read: gated wrong on ~40% of them in the first 7,000 signals of the daemon's traces,
     the anchor on ~2%)."""
-    def learn_dest(self, idx, val, z_rest, label, weight, pair=None, pair_hold=0.0):
+    def learn_dest(self, idx, val, z_rest, label, weight, pair=None, pair_hold=0.0,
+                   doubt=NO_DOUBT):
         if pair is None or pair_hold <= 0 or label < 0.5 or self.pair is None:
-            return learn(self, idx, val, z_rest, label, weight, pair, pair_hold)
+            return learn(self, idx, val, z_rest, label, weight, pair, pair_hold, doubt)
         st = self._gradient(idx, val, z_rest, label, weight, pair)
-        z = learn(self, idx, val, z_rest, label, weight, pair, pair_hold)
+        z = learn(self, idx, val, z_rest, label, weight, pair, pair_hold, doubt)
         if st["z_pair"] < -pair_hold and st["pair"]:
             rows, g, now = st["pair"][0]
             keep = _rows_in(rows, rows_seen)
@@ -516,7 +520,8 @@ def with_dest_allow_only(learn, rows_seen: set, kept: list[int], looks: bool = F
     firsts, tables = [0], []
     learn = with_rows_still(learn, outside_rows) if outside_rows is not None else learn
 
-    def learn_allow_only(self, idx, val, z_rest, label, weight, pair=None, pair_hold=0.0):
+    def learn_allow_only(self, idx, val, z_rest, label, weight, pair=None, pair_hold=0.0,
+                         doubt=NO_DOUBT):
         if self.pair is not None and (not tables or tables[0] is not self.pair[0]):
             # a new learner (the harness runs its seeds one after another in one process)
             tables[:] = [self.pair[0]]
@@ -529,16 +534,16 @@ def with_dest_allow_only(learn, rows_seen: set, kept: list[int], looks: bool = F
         firsts[0] += pair_hold > 0  # the harness marks first looks by their hold
         frozen = firsts[0] <= warm_up
         if looks and (weight > 1.0 or pair_hold <= 0) and not frozen:
-            return learn(self, idx, val, z_rest, label, weight, pair, pair_hold)
+            return learn(self, idx, val, z_rest, label, weight, pair, pair_hold, doubt)
         if pair is None or (label >= 0.5 and not frozen) or self.pair is None or not rows_seen:
-            return learn(self, idx, val, z_rest, label, weight, pair, pair_hold)
+            return learn(self, idx, val, z_rest, label, weight, pair, pair_hold, doubt)
         c = np.asarray(pair[0])[np.asarray(pair[1]) != 0]
         rows = c[_rows_in(c, rows_seen)]
         if not len(rows):
-            return learn(self, idx, val, z_rest, label, weight, pair, pair_hold)
+            return learn(self, idx, val, z_rest, label, weight, pair, pair_hold, doubt)
         d_rows = self.xp.asarray(rows)
         saved = self.pair[0][d_rows].copy(), self.pair[1][d_rows].copy()
-        z = learn(self, idx, val, z_rest, label, weight, pair, pair_hold)
+        z = learn(self, idx, val, z_rest, label, weight, pair, pair_hold, doubt)
         self.pair[0][d_rows], self.pair[1][d_rows] = saved
         kept[0] += 1
         return z
@@ -547,13 +552,14 @@ def with_dest_allow_only(learn, rows_seen: set, kept: list[int], looks: bool = F
 
 def with_rows_still(learn, still: set):
     """`WideAdaGrad.learn` that leaves the call side's rows in `still` as they were."""
-    def learn_still(self, idx, val, z_rest, label, weight, pair=None, pair_hold=0.0):
+    def learn_still(self, idx, val, z_rest, label, weight, pair=None, pair_hold=0.0,
+                    doubt=NO_DOUBT):
         if pair is None or self.pair is None or not still:
-            return learn(self, idx, val, z_rest, label, weight, pair, pair_hold)
+            return learn(self, idx, val, z_rest, label, weight, pair, pair_hold, doubt)
         c = np.asarray(pair[0])[np.asarray(pair[1]) != 0]
         rows = self.xp.asarray(c[_rows_in(c, still)])
         saved = self.pair[0][rows].copy(), self.pair[1][rows].copy()
-        z = learn(self, idx, val, z_rest, label, weight, pair, pair_hold)
+        z = learn(self, idx, val, z_rest, label, weight, pair, pair_hold, doubt)
         self.pair[0][rows], self.pair[1][rows] = saved
         return z
     return learn_still
@@ -610,8 +616,9 @@ def record_parts(words: bool, history: bool) -> None:
 def with_shared_view(learn, share: float, steps: list[int]):
     """`WideAdaGrad.learn`, then a step of the linear weights alone on the signal's shared
     view at `share` times its weight (the pair term in the logit, held still)."""
-    def learn_then_view(self, idx, val, z_rest, label, weight, pair=None, pair_hold=0.0):
-        z = learn(self, idx, val, z_rest, label, weight, pair, pair_hold)
+    def learn_then_view(self, idx, val, z_rest, label, weight, pair=None, pair_hold=0.0,
+                        doubt=NO_DOUBT):
+        z = learn(self, idx, val, z_rest, label, weight, pair, pair_hold, doubt)
         keep = _SHARED_VIEW.get(np.asarray(idx).tobytes())
         if keep is not None:
             st = self._gradient(np.asarray(idx)[keep], np.asarray(val)[keep], z_rest, label,
@@ -719,12 +726,13 @@ def with_pair_lr(learn, early_lr: float, until: int):
     only the first seed of a run had the early rate."""
     first_looks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
-    def learn_at_rate(self, idx, val, z_rest, label, weight, pair=None, pair_hold=0.0):
+    def learn_at_rate(self, idx, val, z_rest, label, weight, pair=None, pair_hold=0.0,
+                      doubt=NO_DOUBT):
         first_looks[self] = first_looks.get(self, 0) + (pair_hold > 0)
         rate = self.pair_lr
         self.pair_lr = early_lr if first_looks[self] <= until else rate
         try:
-            return learn(self, idx, val, z_rest, label, weight, pair, pair_hold)
+            return learn(self, idx, val, z_rest, label, weight, pair, pair_hold, doubt)
         finally:
             self.pair_lr = rate
     return learn_at_rate
@@ -766,14 +774,15 @@ def with_bag_resync(relax):
     return relax_then_resync
 
 
-def bag_learn_repeated(self, idx, val, z_rest, label, weight, pair=None, pair_hold=0.0):
+def bag_learn_repeated(self, idx, val, z_rest, label, weight, pair=None, pair_hold=0.0,
+                       doubt=NO_DOUBT):
     """`WideBag.learn` where a member that draws k learns the signal k times at its weight
     (an integer k: Poisson draws) instead of once at k times it."""
     z = 0.0
     for learner, k in zip(self.learners, self._times(weight), strict=True):
         z += learner.logit(idx, val, z_rest, pair)
         for _ in range(int(round(k))):
-            learner.learn(idx, val, z_rest, label, weight, pair, pair_hold)
+            learner.learn(idx, val, z_rest, label, weight, pair, pair_hold, doubt)
     return z / len(self.learners)
 
 

@@ -141,7 +141,7 @@ from gated.engine.config import ModelConfig  # noqa: E402
 from gated.engine.model import Model  # noqa: E402
 from gated.engine.tokenizer import source_batch  # noqa: E402
 from gated.engine.wide import PAIR_KEYS  # noqa: E402
-from gated.engine.wide_learner import WideAdaGrad  # noqa: E402
+from gated.engine.wide_learner import NO_DOUBT, WideAdaGrad  # noqa: E402
 from gated.online.drift import CheckedTest, PageHinkley  # noqa: E402
 from gated.online.monitor import MonitorSettings  # noqa: E402
 from gated.online.second_look import SecondLook  # noqa: E402
@@ -188,7 +188,7 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
            addresses: bool = False, early_looks: str = "both",
            bias: float | None = None, drift_shrink: float = 1.0,
            drift_contra: tuple[float, int, float] = (1.0, 0, 0.0),
-           pair_history: int = 0) -> dict:
+           pair_history: int = 0, doubt: tuple[float, float] = NO_DOUBT) -> dict:
     """One setting's run; `lag` > 1 scores each signal with weights that have not yet
     learned the previous `lag` - 1 (updates applied in groups of `lag`), as the daemon's
     trainer scores a step's arrivals with the weights published before them. `pair_rank`
@@ -229,7 +229,10 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
     `drift_contra` (`train.drift_wide_contra_relax`, `_examples`, `_margin`: after an
     alarm a contradicting label relaxes its buckets' sums; off here by default, for the
     same reason), `pair_history` `ModelConfig.wide_pair_history` (the newest entries the
-    pair term reads; 0, every entry, here by default, for the same reason), `early_block`
+    pair term reads; 0, every entry, here by default, for the same reason), `doubt`
+    (`train.wide_doubt_weight`, `_logits`: an uncorrected second look's "allow" the pair
+    term contradicts by more than the logits steps at the weight; off here by default,
+    for the same reason), `early_block`
     (`train.wide_early_block_weight`, `_signals`: a block label's
     weight at the first signal and the signal where it has faded to 1; (1, 0), off, here
     by default, for the same reason), `call_places` `ModelConfig.wide_sensitive_call_places`
@@ -289,10 +292,10 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
             wide.learn(*f_p[:3], y_p, w_p * early_block_weight(
                 seq + 1, y_p, ordinary and early_looks != "second", *early_block),
                        f_p[3], pair_hold=pair_hold if look.delay else 0.0)
-            for f_l, y_l in look.push(seq, fp, y_p, f_p):
+            for f_l, y_l, corrected in look.push(seq, fp, y_p, f_p, not ordinary):
                 wide.learn(*f_l[:3], y_l, early_block_weight(seq + 1, y_l, early_looks != "first",
                                                              *early_block),
-                           f_l[3])
+                           f_l[3], doubt=NO_DOUBT if corrected else doubt)
         pending.clear()
 
     def z_of(events) -> np.ndarray:
@@ -457,6 +460,11 @@ def main() -> None:
                     help="the pair term reads only the newest N history entries "
                          "(ModelConfig.wide_pair_history; default 0, every entry, as before "
                          "it; the daemon's: 10)")
+    ap.add_argument("--doubt", default="1:0", metavar="WEIGHT:LOGITS",
+                    help="a second look whose label is still the gate's 'allow' while the "
+                         "pair term says 'block' by more than LOGITS steps at WEIGHT "
+                         "(train.wide_doubt_weight, _logits; default 1:0, off, as before "
+                         "it; the daemon's: 0.25:6)")
     ap.add_argument("--correction-weight", type=float, default=0.0,
                     help="the wide path's weight of a correction (0: DESIGN.md's, 4.0)")
     a = ap.parse_args()
@@ -493,7 +501,8 @@ def main() -> None:
                        a.drift_waits, int(members), a.drift_bag_all,
                        (float(a.early_block.split(":")[0]), int(a.early_block.split(":")[1])),
                        a.call_mark_places, a.endpoint_addresses, a.early_looks, a.bias,
-                       a.drift_shrink, contra, a.pair_history)
+                       a.drift_shrink, contra, a.pair_history,
+                       tuple(float(x) for x in a.doubt.split(":")))
             p0, p1 = (r["at"][p] for p in points)
 
             def pair(k: str, p0=p0, p1=p1) -> str:

@@ -671,8 +671,8 @@ def test_second_look_is_due_after_its_delay_under_the_newest_label_of_its_call()
     assert look.push(1, b"x", 1.0, "x") == [] and look.push(2, b"y", 1.0, "y") == []
     look.note(b"x", 0.0)  # a correction of call x arrives before its second look
     look.note(b"unqueued", 0.0)  # a call with no pending look: nothing to relabel
-    assert look.push(3, b"z", 1.0, "z") == [("x", 0.0)]
-    assert look.push(4, b"w", 0.0, "w") == [("y", 1.0)]
+    assert look.push(3, b"z", 1.0, "z") == [("x", 0.0, False)]
+    assert look.push(4, b"w", 0.0, "w") == [("y", 1.0, False)]
     assert len(look) == 2
 
 
@@ -680,12 +680,26 @@ def test_second_look_of_a_call_queued_twice_takes_the_newest_label_for_both():
     look: SecondLook[str] = SecondLook(delay=2)
     look.push(1, b"x", 1.0, "first")  # the gate's mistaken allow
     look.push(2, b"x", 0.0, "correction")  # the correction: same call, now block
-    assert look.push(3, b"y", 1.0, "y") == [("first", 0.0)]
-    assert look.push(4, b"z", 1.0, "z") == [("correction", 0.0)]
+    assert look.push(3, b"y", 1.0, "y") == [("first", 0.0, False)]
+    assert look.push(4, b"z", 1.0, "z") == [("correction", 0.0, False)]
     look.note(b"x", 1.0)  # no look of x is pending any more: x's label is forgotten
-    assert look.push(5, b"x", 0.0, "again") == [("y", 1.0)]
-    assert [look.push(6 + k, b"p", 1.0, "p")[0] for k in range(2)] == [("z", 1.0),
-                                                                      ("again", 0.0)]
+    assert look.push(5, b"x", 0.0, "again") == [("y", 1.0, False)]
+    assert [look.push(6 + k, b"p", 1.0, "p")[0] for k in range(2)] == [("z", 1.0, False),
+                                                                      ("again", 0.0, False)]
+
+
+def test_second_look_says_whether_its_label_is_a_correction():
+    """A look is due with `corrected` True when the newest label of its call came from a
+    correction (pushed or noted as one), and False again when the gate decided the call
+    once more after it: the trainer doubts only the gate's own labels."""
+    look: SecondLook[str] = SecondLook(delay=2)
+    look.push(1, b"x", 1.0, "x")  # the gate's allow
+    look.push(2, b"y", 0.0, "y")
+    look.note(b"x", 0.0, corrected=True)  # a person: block
+    assert look.push(3, b"x", 0.0, "x, corrected", corrected=True) == [("x", 0.0, True)]
+    look.note(b"x", 1.0)  # the gate allows the call again: its own label now
+    assert look.push(4, b"z", 1.0, "z") == [("y", 0.0, False)]
+    assert look.push(5, b"w", 1.0, "w") == [("x, corrected", 1.0, False)]
 
 
 def test_second_look_drops_what_came_before_a_policy_change_and_turns_off_at_zero():

@@ -13,6 +13,7 @@ from gated.daemon.serving import Calibration
 from gated.daemon.trainer import AlignmentWindow, TrainerEvents, build_trainer
 from gated.daemon.trainer.wide_path import early_block_weight
 from gated.engine import ModelConfig, source_batch
+from gated.engine.wide_learner import NO_DOUBT
 from gated.online.drift import AlarmRecheck
 from gated.store import Store
 
@@ -322,9 +323,9 @@ def test_the_wide_path_weighs_early_blocks_up_in_first_and_second_looks(tmp_path
     seen: list[tuple[float, float]] = []
     learn = trainer.wide_path.learner.learn
 
-    def spy(idx, val, z_rest, label, weight, pair=None, pair_hold=0.0):
+    def spy(idx, val, z_rest, label, weight, pair=None, pair_hold=0.0, doubt=NO_DOUBT):
         seen.append((label, weight))
-        return learn(idx, val, z_rest, label, weight, pair, pair_hold)
+        return learn(idx, val, z_rest, label, weight, pair, pair_hold, doubt)
 
     trainer.wide_path.learner.learn = spy
     trainer.monitor.calibrator.burn_in = 0  # keep every calibration pair here
@@ -349,19 +350,24 @@ def test_the_wide_path_takes_a_second_look_at_each_signal_under_its_corrected_la
     many signals later, at weight 1, under the newest label of its (context, history);
     a drift drops the pending looks from before the change. A first look holds the pair
     term's contradicted "allow" (`wide_pair_hold`), a second look never does, and
-    without a second look nothing is held. The learner's calls are recorded (a spy that
+    without a second look nothing is held. Only a second look whose label is still the
+    gate's own gets the doubt (`wide_doubt_weight`, `_logits`); a first look and a look
+    under a correction's label never do. The learner's calls are recorded (a spy that
     passes every call through to the real WideAdaGrad)."""
     # blocks at their own weight here (the early weight: the next test)
     store, trainer, _ = _trainer(tmp_path, wide_second_look=3, wide_pair_hold=2.5,
-                                 wide_early_block_weight=1.0)
+                                 wide_early_block_weight=1.0, wide_doubt_weight=0.5,
+                                 wide_doubt_logits=4.0)
     seen: list[tuple[str, float, float]] = []
     holds: list[float] = []
+    doubts: list[tuple[float, float]] = []
     learn, rows = trainer.wide_path.learner.learn, {}
 
-    def spy(idx, val, z_rest, label, weight, pair=None, pair_hold=0.0):
+    def spy(idx, val, z_rest, label, weight, pair=None, pair_hold=0.0, doubt=NO_DOUBT):
         seen.append((rows.get(float(np.sum(val)), "?"), label, weight))
         holds.append(pair_hold)
-        return learn(idx, val, z_rest, label, weight, pair, pair_hold)
+        doubts.append(doubt)
+        return learn(idx, val, z_rest, label, weight, pair, pair_hold, doubt)
 
     trainer.wide_path.learner.learn = spy
     calls = ['email.send {"to": "x@ext.example"}', "ls a", "ls bb", "ls ccc"]
@@ -378,6 +384,7 @@ def test_the_wide_path_takes_a_second_look_at_each_signal_under_its_corrected_la
                     (mail, 0.0, 1.0),  # the mistake's second look: the corrected label
                     (c, 1.0, 1.0), (mail, 0.0, 1.0)]  # the correction's own second look
     assert holds == [2.5, 2.5, 2.5, 2.5, 0.0, 2.5, 0.0]  # first looks held, second not
+    assert doubts == [NO_DOUBT] * 7  # the mail's looks are under its correction's label
     assert len(trainer.wide_path.second_look) == 3
     trainer._on_drift(5, 6)  # a change began at signal 5: the looks of 3 and 4 are stale
     assert len(trainer.wide_path.second_look) == 1
@@ -386,4 +393,39 @@ def test_the_wide_path_takes_a_second_look_at_each_signal_under_its_corrected_la
     (seq, _), = store.append_signals([_sig("ls dddd", "allow")])
     trainer.train_on(store.read_signals(seq - 1, 64))
     assert holds == [0.0]  # no second look to learn it later: nothing is held
+    store.close()
+
+
+def test_an_uncorrected_second_look_gets_the_doubt_and_a_corrected_one_does_not(tmp_path):
+    """`wide_doubt_weight`, `_logits`: the second look of a call whose newest label is the
+    gate's own is learned with the doubt (WideAdaGrad applies it only to an "allow" its
+    pair term contradicts: test_wide.py); one whose call a person corrected since, even
+    to "allow", is not, and a gate decision after the correction makes it the gate's
+    again (a spy records what the wide path asks of the real learner)."""
+    store, trainer, _ = _trainer(tmp_path, wide_second_look=2, wide_early_block_weight=1.0,
+                                 wide_doubt_weight=0.5, wide_doubt_logits=4.0)
+    looks: list[tuple[float, tuple[float, float]]] = []
+    learn = trainer.wide_path.learner.learn
+
+    def spy(idx, val, z_rest, label, weight, pair=None, pair_hold=0.0, doubt=NO_DOUBT):
+        looks.append((label, doubt))
+        return learn(idx, val, z_rest, label, weight, pair, pair_hold, doubt)
+
+    trainer.wide_path.learner.learn = spy
+    store.append_signals([_sig("ls a", "allow"),  # 1: the gate's allow, never corrected
+                          _sig("rm b", "block"),  # 2: the gate's block ...
+                          _sig("rm b", "block", feedback="false_positive"),  # 3: a person
+                          _sig("ls c", "allow"), _sig("ls d", "allow")])
+    trainer.train_on(store.read_signals(0, 64))
+    doubt = (0.5, 4.0)
+    second = [look for n, look in enumerate(looks) if n in (3, 5, 7)]  # 1's, 2's, 3's looks
+    assert second == [(1.0, doubt), (1.0, NO_DOUBT), (1.0, NO_DOUBT)]
+    assert all(d == NO_DOUBT for n, (_, d) in enumerate(looks) if n not in (3, 5, 7))
+    looks.clear()
+    store.append_signals([_sig("rm b", "allow"),  # 6: the gate allows the call itself now
+                          _sig("ls e", "allow"), _sig("ls f", "allow")])
+    trainer.train_on(store.read_signals(5, 64))
+    # first looks of 6, 7, 8, each followed by a second look due: 4's, 5's, and 6's, the
+    # gate's own label again
+    assert [d for _, d in looks] == [NO_DOUBT, doubt, NO_DOUBT, doubt, NO_DOUBT, doubt]
     store.close()

@@ -25,7 +25,7 @@ from gated.engine.wide import (
     value_shape,
     wide_features,
 )
-from gated.engine.wide_learner import WideAdaGrad, WideBag
+from gated.engine.wide_learner import NO_DOUBT, WideAdaGrad, WideBag
 from gated.engine.wide_logit import pair_logit, segment_sum, veto_combine
 from gated.store import Store
 
@@ -592,22 +592,28 @@ def test_pair_gradient_matches_central_differences(pool: float, entries: list | 
     np.testing.assert_allclose(learner.pair[1][c_rows], 0.5 * g_u ** 2, rtol=1e-9)
 
 
+def _learner_whose_pair_term_says_block(sums: float = 0.0):
+    """A learner whose pair term says "block" for its signal (the read and the site's rows
+    set so), the signal's linear buckets and values, and its pair keys; `sums`: every
+    AdaGrad sum's start (0: each first step is lr times a sign, whatever its weight)."""
+    rng = np.random.default_rng(11)
+    u_tab, v_tab = np.zeros((16, 3)), np.zeros((16, 3))
+    u_tab[[2, 5], 0], v_tab[[1, 9], 0] = 1.5, -1.5  # the read and the site: "block"
+    learner = WideAdaGrad(rng.normal(size=32), np.full(32, sums), scale=1.0, lr=0.5,
+                          l2=1e-3, pool=0.5, block_only=True, pair_first=True,
+                          pair=(u_tab, np.full_like(u_tab, sums), v_tab,
+                                np.full_like(v_tab, sums)))
+    pair = (np.array([2, 5]), np.array([0.6, 0.8]), np.array([1, 9]),
+            np.array([1.0, 1.0]), np.array([0, 0]))
+    return learner, np.array([0, 4, 7]), rng.normal(size=3), pair
+
+
 def test_a_contradicted_allow_is_held_from_the_pair_term_and_a_block_never_is():
     """`WideAdaGrad.learn(..., pair_hold=h)`: an "allow" label while the pair term says
     "block" by more than h steps the linear weights alone (the first AdaGrad step, lr
     times the sign of the same gradient) and leaves both pair tables and their sums as
     they were; a "block" label, a pair term saying less than h, and h = 0 step the term."""
-    def learner_and_signal():
-        rng = np.random.default_rng(11)
-        u_tab, v_tab = np.zeros((16, 3)), np.zeros((16, 3))
-        u_tab[[2, 5], 0], v_tab[[1, 9], 0] = 1.5, -1.5  # the read and the site: "block"
-        learner = WideAdaGrad(rng.normal(size=32), np.zeros(32), scale=1.0, lr=0.5,
-                              l2=1e-3, pool=0.5, block_only=True, pair_first=True,
-                              pair=(u_tab, np.zeros_like(u_tab), v_tab, np.zeros_like(v_tab)))
-        pair = (np.array([2, 5]), np.array([0.6, 0.8]), np.array([1, 9]),
-                np.array([1.0, 1.0]), np.array([0, 0]))
-        return learner, np.array([0, 4, 7]), rng.normal(size=3), pair
-
+    learner_and_signal = _learner_whose_pair_term_says_block
     learner, idx, val, pair = learner_and_signal()
     z_pair = learner.gradient(idx, val, 0.0, 1.0, 1.0, pair)[2] - learner.gradient(
         idx, val, 0.0, 1.0, 1.0, None)[2]
@@ -628,6 +634,31 @@ def test_a_contradicted_allow_is_held_from_the_pair_term_and_a_block_never_is():
     assert stepped(0.0, 1.0)[0]  # a block is never held
     assert stepped(1.0, -z_pair + 0.5)[0]  # the term says less than the hold: it learns
     assert stepped(1.0, 0.0)[0]  # 0: off
+
+
+def test_a_doubted_allow_steps_at_the_doubt_weight_and_nothing_else_is_doubted():
+    """`WideAdaGrad.learn(..., doubt=(f, h))`: an "allow" label while the pair term says
+    "block" by more than h is exactly the same step as the label at f times its weight,
+    in the linear weights, both pair tables and every AdaGrad sum; a "block" label, a
+    pair term saying less than h, and h = 0 step at the weight itself."""
+    def after(label: float, weight: float, doubt=NO_DOUBT) -> list[np.ndarray]:
+        learner, idx, val, pair = _learner_whose_pair_term_says_block(sums=1.0)
+        learner.learn(idx, val, 0.0, label, weight, pair, doubt=doubt)
+        return [learner.w, learner.g2, *learner.pair]
+
+    def same(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
+        return all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+
+    learner, idx, val, pair = _learner_whose_pair_term_says_block()
+    z_pair = learner.gradient(idx, val, 0.0, 1.0, 1.0, pair)[2] - learner.gradient(
+        idx, val, 0.0, 1.0, 1.0, None)[2]
+    assert z_pair < -2.0
+    doubted = after(1.0, 2.0, doubt=(0.25, 2.0))
+    assert same(doubted, after(1.0, 0.5))  # 2.0 x 0.25
+    assert not same(doubted, after(1.0, 2.0))  # (the weight moves every part)
+    assert same(after(0.0, 2.0, doubt=(0.25, 2.0)), after(0.0, 2.0))  # a block: never
+    assert same(after(1.0, 2.0, doubt=(0.25, -z_pair + 0.5)), after(1.0, 2.0))  # term unsure
+    assert same(after(1.0, 2.0, doubt=(0.25, 0.0)), after(1.0, 2.0))  # 0: off
 
 
 @pytest.mark.parametrize(("veto", "block_only"),

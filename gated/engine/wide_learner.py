@@ -15,6 +15,9 @@ import numpy as np
 from .layout import views
 from .wide_logit import member_offsets, pair_logit, veto_combine
 
+#: `WideAdaGrad.learn`'s doubt when there is none: (factor 1, no threshold).
+NO_DOUBT = (1.0, 0.0)
+
 
 class WideAdaGrad:
     """Online AdaGrad on the wide path's weights, one signal at a time.
@@ -105,7 +108,8 @@ class WideAdaGrad:
         return st["pair"][0][:2], st["pair"][1][:2]
 
     def learn(self, idx: np.ndarray, val: np.ndarray, z_rest: float, label: float,
-              weight: float, pair=None, pair_hold: float = 0.0) -> float:
+              weight: float, pair=None, pair_hold: float = 0.0,
+              doubt: tuple[float, float] = NO_DOUBT) -> float:
         """One AdaGrad update from one signal; returns its logit before the update.
 
         Both parts step on the same gradient, or, with `pair_first`, the pair term steps
@@ -132,8 +136,19 @@ class WideAdaGrad:
         here" -- from allows, and from the corrections and second looks that take back
         what a wrong "allow" of the gate taught it. Why: an outside host's row that
         stepped on every exfiltration to it took a share of the rule, so a host it had
-        not seen got less of it (docs/learning.md, "The destination's own rows")."""
+        not seen got less of it (docs/learning.md, "The destination's own rows").
+
+        `doubt` = (factor, logits), logits > 0: an "allow" label the pair term contradicts
+        by more than `logits` steps at `factor` times `weight`, both parts. The caller
+        passes it for a second look whose label is still the gate's own (no correction
+        came): 200 signals on, an uncorrected "allow" against a pair term that sure is
+        more often one of the gate's ~1.2% of mistakes nobody corrected than a call the
+        term has wrong (docs/learning.md, "Doubting an uncorrected allow")."""
         st = self._gradient(idx, val, z_rest, label, weight, pair)
+        factor, logits = doubt
+        if logits > 0 and label >= 0.5 and st["z_pair"] < -logits:
+            weight *= factor
+            st = self._gradient(idx, val, z_rest, label, weight, pair)
         if self.contra_left > 0:
             self._relax_if_contradicted(st, label)
         if pair_hold > 0 and label >= 0.5 and st["z_pair"] < -pair_hold:
@@ -337,13 +352,15 @@ class WideBag:
         return times
 
     def learn(self, idx: np.ndarray, val: np.ndarray, z_rest: float, label: float,
-              weight: float, pair=None, pair_hold: float = 0.0) -> float:
-        """Each member's `WideAdaGrad.learn` at its drawn multiple of `weight`; returns the
-        bag's logit before the update."""
+              weight: float, pair=None, pair_hold: float = 0.0,
+              doubt: tuple[float, float] = NO_DOUBT) -> float:
+        """Each member's `WideAdaGrad.learn` at its drawn multiple of `weight` (each member
+        judges the hold and the doubt by its own pair term); returns the bag's logit before
+        the update."""
         z = 0.0
         for learner, k in zip(self.learners, self._times(weight), strict=True):
-            z += (learner.learn(idx, val, z_rest, label, weight * k, pair, pair_hold) if k
-                  else learner.logit(idx, val, z_rest, pair))
+            z += (learner.learn(idx, val, z_rest, label, weight * k, pair, pair_hold, doubt)
+                  if k else learner.logit(idx, val, z_rest, pair))
         return z / len(self.learners)
 
     def logit(self, idx: np.ndarray, val: np.ndarray, z_rest: float, pair=None) -> float:

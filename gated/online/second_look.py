@@ -20,9 +20,17 @@ which label). Its queue is in memory and is not checkpointed: a restart forgets 
 from __future__ import annotations
 
 from collections import deque
-from typing import Generic, TypeVar
+from typing import Generic, NamedTuple, TypeVar
 
 Payload = TypeVar("Payload")
+
+
+class DueLook(NamedTuple, Generic[Payload]):
+    """A second look now due: what was learned, the newest label of its call, and whether
+    that label is a correction's (a person's) rather than the gate's own."""
+    payload: Payload
+    label: float
+    corrected: bool
 
 
 class SecondLook(Generic[Payload]):
@@ -34,40 +42,42 @@ class SecondLook(Generic[Payload]):
     ([], [])
     >>> look.note(b"a", 0.0)  # a correction: call a should have been blocked
     >>> look.push(3, b"c", 1.0, "call c")
-    [('call a', 0.0)]
+    [DueLook(payload='call a', label=0.0, corrected=False)]
     """
 
     def __init__(self, delay: int) -> None:
         self.delay = delay
         self._queue: deque[tuple[int, bytes, Payload]] = deque()  # (seq, fingerprint, payload)
-        #: fingerprint -> [newest label, how many queued examples have that fingerprint]
+        #: fingerprint -> [newest label, how many queued examples have that fingerprint,
+        #: whether the newest label is a correction's]
         self._newest: dict[bytes, list] = {}
 
     def __len__(self) -> int:
         return len(self._queue)
 
-    def note(self, fingerprint: bytes, label: float) -> None:
-        """A fresh signal's label for its call (a correction's, or a later decision's):
-        the pending second looks of the same call take it."""
+    def note(self, fingerprint: bytes, label: float, corrected: bool = False) -> None:
+        """A fresh signal's label for its call (a correction's, `corrected`, or a later
+        decision's): the pending second looks of the same call take it."""
         entry = self._newest.get(fingerprint)
         if entry is not None:
-            entry[0] = label
+            entry[0], entry[2] = label, corrected
 
-    def push(self, seq: int, fingerprint: bytes, label: float,
-             payload: Payload) -> list[tuple[Payload, float]]:
-        """Queue an example its learner has just learned (signal `seq`); return the
-        (payload, newest label) of those now due, oldest first."""
+    def push(self, seq: int, fingerprint: bytes, label: float, payload: Payload,
+             corrected: bool = False) -> list[DueLook[Payload]]:
+        """Queue an example its learner has just learned (signal `seq`; `corrected`: its
+        label is a correction's); return the looks now due, oldest first, each with the
+        newest label of its call and whether that label is a correction's."""
         if self.delay <= 0:
             self.clear()
             return []
-        entry = self._newest.setdefault(fingerprint, [label, 0])
-        entry[0] = label
+        entry = self._newest.setdefault(fingerprint, [label, 0, corrected])
+        entry[0], entry[2] = label, corrected
         entry[1] += 1
         self._queue.append((seq, fingerprint, payload))
         due = []
         while len(self._queue) > self.delay:
             _, fp, old = self._queue.popleft()
-            due.append((old, self._release(fp)))
+            due.append(DueLook(old, *self._release(fp)))
         return due
 
     def forget_before(self, seq: int) -> int:
@@ -84,10 +94,11 @@ class SecondLook(Generic[Payload]):
         self._queue.clear()
         self._newest.clear()
 
-    def _release(self, fingerprint: bytes) -> float:
-        """One queued example of `fingerprint` leaves the queue; its newest label."""
+    def _release(self, fingerprint: bytes) -> tuple[float, bool]:
+        """One queued example of `fingerprint` leaves the queue; its newest label, and
+        whether that label is a correction's."""
         entry = self._newest[fingerprint]
         entry[1] -= 1
         if entry[1] == 0:
             del self._newest[fingerprint]
-        return entry[0]
+        return entry[0], entry[2]

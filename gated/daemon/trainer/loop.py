@@ -327,7 +327,8 @@ class Trainer(Control, GpuFallback, Publication, threading.Thread):
             ex["held"] = self.promotion.holds(ex)
             if ex["feedback"] in CORRECTIONS:
                 self.promotion.relabel(ex["fp"], ex["label"])
-            self.wide_path.relabel(ex["fp"], ex["label"])  # a correction relabels its look
+            # a newer signal (a correction, or the gate again) relabels its call's look
+            self.wide_path.relabel(ex["fp"], ex["label"], ex["feedback"] in CORRECTIONS)
         self.latest.note(fresh_examples)  # before the wide path replays (`_wide_replay`)
         self._candidates += self._score(fresh_examples)
         self.promotion.add([ex for ex in fresh_examples if ex["held"]])

@@ -19,7 +19,7 @@ import numpy as np
 from ...config import TrainConfig
 from ...engine import Model
 from ...engine.wide import PAIR_KEYS
-from ...engine.wide_learner import WideAdaGrad, WideBag
+from ...engine.wide_learner import NO_DOUBT, WideAdaGrad, WideBag
 from ...online.second_look import SecondLook
 from ...signals import CORRECTIONS
 
@@ -62,9 +62,10 @@ class WidePath:
         # logit of its first look would be another transformer's: no second look then
         self.second_look.delay = 0 if s.wide_residual else s.wide_second_look
 
-    def relabel(self, fp: str, label: float) -> None:
-        """A newer signal for the call `fp` (a correction): its waiting look takes `label`."""
-        self.second_look.note(fp, label)
+    def relabel(self, fp: str, label: float, corrected: bool) -> None:
+        """A newer signal for the call `fp` (a correction, `corrected`, or a later decision
+        of the gate): its waiting look takes `label`."""
+        self.second_look.note(fp, label, corrected)
 
     def learn(self, sources: dict, z_deep: np.ndarray, fresh: list[dict],
               draw_replay: DrawReplay) -> None:
@@ -80,7 +81,10 @@ class WidePath:
 
         Each learned signal also gets a second look `train.wide_second_look` signals
         later, under the newest label of its call (a correction's), at weight 1: by then
-        the gate's mistakes are mostly corrected (docs/learning.md, "A second look").
+        the gate's mistakes are mostly corrected (docs/learning.md, "A second look"); one
+        whose label is still the gate's "allow" against a pair term saying "block" by more
+        than `train.wide_doubt_logits` steps at `train.wide_doubt_weight`
+        (docs/learning.md, "Doubting an uncorrected allow").
         Until then, an "allow" that the pair term contradicts by more than
         `train.wide_pair_hold` steps the linear weights only (`WideAdaGrad.learn`;
         docs/learning.md, "The pair term holds")."""
@@ -89,6 +93,7 @@ class WidePath:
         s = self.settings
         # the pair term learns a contradicting "allow" at the second look, if there is one
         hold = s.wide_pair_hold if self.second_look.delay > 0 else 0.0
+        doubt = (s.wide_doubt_weight, s.wide_doubt_logits)  # an uncorrected second look's
         learn = [i for i, ex in enumerate(fresh) if not ex.get("held")]
         replay, r_src = draw_replay(len(learn) * s.wide_replay)
         per = len(replay) / max(1, len(learn))
@@ -104,10 +109,11 @@ class WidePath:
                 r_idx, r_val, r_pair = wide_row(r_src, j)
                 self.learner.learn(r_idx, r_val, 0.0, replay[j]["label"], replay[j]["weight"],
                                    r_pair)
-            for (idx, val, pair), label in self.second_look.push(ex["seq"], ex["fp"],
-                                                                 ex["label"], row):
+            for (idx, val, pair), label, corrected in self.second_look.push(
+                    ex["seq"], ex["fp"], ex["label"], row, not ordinary):
                 self.learner.learn(idx, val, 0.0, label,
-                                   self.early_block(ex["seq"], label, True), pair)
+                                   self.early_block(ex["seq"], label, True), pair,
+                                   doubt=NO_DOUBT if corrected else doubt)
         self.dirty = True
 
     def block_weight(self, ex: dict) -> float:
