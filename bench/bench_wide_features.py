@@ -338,7 +338,7 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
                     adapt_to_drift_verdict(wide, shrunk.pop(b, None), confirmed)
                     k = next(j for j, d in enumerate(drifts) if d[1] == b and d[2] is None)
                     drifts[k] = (*drifts[k][:2], confirmed)
-        look.note(fp, y)
+        look.note(fp, y, ev.is_correction)
         pending.append((f, y, correction_weight if correction_weight and ev.is_correction
                         else w, i, fp, not ev.is_correction))
         if len(pending) >= lag:
