@@ -181,10 +181,11 @@ class TrainConfig:
     wide_doubt_logits: float = _opt(6.0, "a second look whose label is still the gate's "
                                     "own 'allow' (no correction came) while the wide "
                                     "path's pair term says 'block' by more than this logit "
-                                    "steps at wide_doubt_weight: such an 'allow' is more "
-                                    "often a gate mistake nobody corrected than the term's "
-                                    "error. 0 = off (docs/learning.md, 'Doubting an "
-                                    "uncorrected allow')", hot=True, lo=0.0, hi=100.0)
+                                    "steps at wide_doubt_weight: about one such 'allow' in "
+                                    "four was measured to be a gate mistake nobody "
+                                    "corrected (1.2% of all labels). 0 = off "
+                                    "(docs/learning.md, 'Doubting an uncorrected allow')",
+                                    hot=True, lo=0.0, hi=100.0)
     wide_doubt_weight: float = _opt(0.25, "the weight of a doubted second look (see "
                                     "wide_doubt_logits); 1 = no doubt", hot=True, lo=0.0,
                                     hi=1.0)

@@ -141,9 +141,12 @@ class WideAdaGrad:
         `doubt` = (factor, logits), logits > 0: an "allow" label the pair term contradicts
         by more than `logits` steps at `factor` times `weight`, both parts. The caller
         passes it for a second look whose label is still the gate's own (no correction
-        came): 200 signals on, an uncorrected "allow" against a pair term that sure is
-        more often one of the gate's ~1.2% of mistakes nobody corrected than a call the
-        term has wrong (docs/learning.md, "Doubting an uncorrected allow")."""
+        came in 200 signals). Why: against a term that sure, about one such look in four
+        was measured to be a gate mistake nobody corrected (~1.2% of all labels, so 20
+        times as likely there), and one of them, on an exfiltration by e-mail, taught the
+        term "allow" for every secret; the other three (a GET, an org host after a secret
+        read) learn at the reduced weight (docs/learning.md, "Doubting an uncorrected
+        allow")."""
         st = self._gradient(idx, val, z_rest, label, weight, pair)
         factor, logits = doubt
         if logits > 0 and label >= 0.5 and st["z_pair"] < -logits:
