@@ -40,9 +40,9 @@ class SecondLook(Generic[Payload]):
     >>> look = SecondLook(delay=2)
     >>> look.push(1, b"a", 1.0, "call a"), look.push(2, b"b", 1.0, "call b")
     ([], [])
-    >>> look.note(b"a", 0.0)  # a correction: call a should have been blocked
+    >>> look.note(b"a", 0.0, corrected=True)  # a person: call a should have been blocked
     >>> look.push(3, b"c", 1.0, "call c")
-    [DueLook(payload='call a', label=0.0, corrected=False)]
+    [DueLook(payload='call a', label=0.0, corrected=True)]
     """
 
     def __init__(self, delay: int) -> None:
