@@ -149,12 +149,12 @@ class WideAdaGrad:
         allow")."""
         st = self._gradient(idx, val, z_rest, label, weight, pair)
         factor, logits = doubt
-        if logits > 0 and label >= 0.5 and st["z_pair"] < -logits:
+        if self._contradicted_allow(st, label, logits):
             weight *= factor
             st = self._gradient(idx, val, z_rest, label, weight, pair)
         if self.contra_left > 0:
             self._relax_if_contradicted(st, label)
-        if pair_hold > 0 and label >= 0.5 and st["z_pair"] < -pair_hold:
+        if self._contradicted_allow(st, label, pair_hold):
             st["pair"] = []  # held: the linear weights step alone, on the same gradient
         elif (st["pair"] and self.destination_from is not None and label < 0.5
               and weight <= 1.0 and pair_hold > 0):
@@ -172,6 +172,12 @@ class WideAdaGrad:
                 lin = self._gradient(idx, val, z_rest, label, weight, pair)
                 self._step(self.w, self.g2, lin["d_idx"], lin["w_now"], lin["g"], self.lr)
         return st["z"]
+
+    @staticmethod
+    def _contradicted_allow(st: dict, label: float, logits: float) -> bool:
+        """An "allow" label whose pair term (in `st`, from `_gradient`) says "block" by more
+        than `logits`; never with `logits` 0 (the hold's and the doubt's "off")."""
+        return logits > 0 and label >= 0.5 and st["z_pair"] < -logits
 
     def _step(self, table, sums, d_idx, now, g, lr) -> None:
         g2 = self._host(sums[d_idx]).astype(np.float64) + g * g

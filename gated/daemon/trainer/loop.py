@@ -325,10 +325,11 @@ class Trainer(Control, GpuFallback, Publication, threading.Thread):
                           for seq, sig in fresh]
         for ex in fresh_examples:
             ex["held"] = self.promotion.holds(ex)
-            if ex["feedback"] in CORRECTIONS:
+            corrected = ex["feedback"] in CORRECTIONS
+            if corrected:
                 self.promotion.relabel(ex["fp"], ex["label"])
             # a newer signal (a correction, or the gate again) relabels its call's look
-            self.wide_path.relabel(ex["fp"], ex["label"], ex["feedback"] in CORRECTIONS)
+            self.wide_path.relabel(ex["fp"], ex["label"], corrected)
         self.latest.note(fresh_examples)  # before the wide path replays (`_wide_replay`)
         self._candidates += self._score(fresh_examples)
         self.promotion.add([ex for ex in fresh_examples if ex["held"]])
