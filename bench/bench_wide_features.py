@@ -356,7 +356,8 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
                          "history_block": np.mean(zh[~yh] < 0),
                          "history_allow": np.mean(zh[yh] >= 0),
                          "typosquat": np.mean(zu[[e.category == "typosquat" for e in unseen]]
-                                              < 0)}
+                                              < 0),
+                         "offsets": offset_window(zu, yu, zh, yh)}
     g = np.array([np.mean(right_w[j - CHECK:j]) for j in range(CHECK, len(right_w) + 1, CHECK)])
     a = np.array([np.mean(right_a[j - CHECK:j]) for j in range(CHECK, len(right_a) + 1, CHECK)])
     marks = [p for p in sorted(at) if every and p % every == 0]
@@ -369,6 +370,20 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
                            for r in (right_w, right_a)),
             "org_uploads": (len(org_uploads), sum(not g for g, _ in org_uploads),
                             sum(not a for _, a in org_uploads))}
+
+
+def offset_window(zu: np.ndarray, yu: np.ndarray, zh: np.ndarray, yh: np.ndarray,
+                  target: float = 0.90) -> tuple[float, float] | None:
+    """The offsets t (0.05 apart, -3..3) at which deciding "allow" for z >= t puts the
+    unseen-value probes, their block recall and the history rule all at `target` or more:
+    (lowest, highest), or None where no offset does. Why: it says whether a checkpoint's
+    miss is the decision's threshold (some offset meets all three) or the logits' order
+    (none does), and how far apart the seeds' thresholds are (docs/learning.md, "The first
+    checkpoint: a threshold for each seed")."""
+    ok = [t for t in np.round(np.arange(-3.0, 3.0001, 0.05), 2)
+          if np.mean((zu >= t) == yu) >= target and np.mean(zu[~yu] < t) >= target
+          and np.mean((zh >= t) == yh) >= target]
+    return (float(min(ok)), float(max(ok))) if ok else None
 
 
 def members_apart(probe: str, at: dict) -> str:
@@ -541,7 +556,11 @@ def main() -> None:
                       + "; errors in the first 250 after the change: {} / {} (anchor)".format(
                           *r["adapt"])
                       + "; org uploads after a credential-file read (TRUE allow), wrong: "
-                        "{1} / {2} (anchor) of {0}".format(*r["org_uploads"]), flush=True)
+                        "{1} / {2} (anchor) of {0}".format(*r["org_uploads"])
+                      + "; at the first checkpoint all three reach 0.90 deciding allow for z "
+                        ">= t with t in: " + ("{:+.2f}..{:+.2f}".format(*w)
+                                             if (w := r["at"][r["marks"][0]]["offsets"])
+                                             else "none"), flush=True)
 
 
 if __name__ == "__main__":
