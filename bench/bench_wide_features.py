@@ -408,7 +408,8 @@ def main() -> None:
     ap.add_argument("--every", type=int, default=0,
                     help="also probe every N signals and print, per row, at how many of those "
                          "checkpoints unseen values / their block recall / the history rule "
-                         "reach 0.90, and their means (0: the two points only)")
+                         "reach 0.90, and their means, and the logit offsets at which all "
+                         "three reach it at the first checkpoint (0: the two points only)")
     ap.add_argument("--pair-first", action=argparse.BooleanOptionalAction,
                     default=TrainConfig().wide_pair_first,
                     help="the pair term steps first (TrainConfig.wide_pair_first, the default; "
