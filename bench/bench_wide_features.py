@@ -378,8 +378,8 @@ def offset_window(zu: np.ndarray, yu: np.ndarray, zh: np.ndarray, yh: np.ndarray
     unseen-value probes, their block recall and the history rule all at `target` or more:
     (lowest, highest), or None where no offset does. Why: it says whether a checkpoint's
     miss is the decision's threshold (some offset meets all three) or the logits' order
-    (none does), and how far apart the seeds' thresholds are (docs/learning.md, "The first
-    checkpoint: a threshold for each seed")."""
+    (none does), and how far apart the seeds' thresholds are (docs/learning.md, "Eight
+    seeds at the doubt's code, and the first checkpoint's threshold")."""
     ok = [t for t in np.round(np.arange(-3.0, 3.0001, 0.05), 2)
           if np.mean((zu >= t) == yu) >= target and np.mean(zu[~yu] < t) >= target
           and np.mean((zh >= t) == yh) >= target]
