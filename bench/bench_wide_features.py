@@ -350,9 +350,10 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
             zu, yu = z_of(unseen), np.array([e.true_allow for e in unseen])
             hist = probe_src.history_probes(200, seed + 1001)
             zh, yh = z_of(hist), np.array([e.true_allow for e in hist])
-            at[i + 1] = {"unseen": np.mean((zu >= 0) == yu), "recall": np.mean(zu[~yu] < 0),
+            unseen_acc, recall, history = probe_figures(zu, yu, zh, yh)
+            at[i + 1] = {"unseen": unseen_acc, "recall": recall,
                          "allow_prec": np.mean(yu[zu >= 0]),
-                         "history": np.mean((zh >= 0) == yh),
+                         "history": history,
                          "history_block": np.mean(zh[~yh] < 0),
                          "history_allow": np.mean(zh[yh] >= 0),
                          "typosquat": np.mean(zu[[e.category == "typosquat" for e in unseen]]
@@ -381,9 +382,16 @@ def offset_window(zu: np.ndarray, yu: np.ndarray, zh: np.ndarray, yh: np.ndarray
     (none does), and how far apart the seeds' thresholds are (docs/learning.md, "Eight
     seeds at the doubt's code, and the first checkpoint's threshold")."""
     ok = [t for t in np.round(np.arange(-3.0, 3.0001, 0.05), 2)
-          if np.mean((zu >= t) == yu) >= target and np.mean(zu[~yu] < t) >= target
-          and np.mean((zh >= t) == yh) >= target]
+          if min(probe_figures(zu, yu, zh, yh, t)) >= target]
     return (float(min(ok)), float(max(ok))) if ok else None
+
+
+def probe_figures(zu: np.ndarray, yu: np.ndarray, zh: np.ndarray, yh: np.ndarray,
+                  t: float = 0.0) -> tuple[float, float, float]:
+    """The probes' three figures deciding "allow" for z >= `t`: the unseen-value probes'
+    accuracy, their block recall, and the history rule's accuracy (TRUE labels `yu`,
+    `yh`)."""
+    return (np.mean((zu >= t) == yu), np.mean(zu[~yu] < t), np.mean((zh >= t) == yh))
 
 
 def members_apart(probe: str, at: dict) -> str:
@@ -560,7 +568,8 @@ def main() -> None:
                         "{1} / {2} (anchor) of {0}".format(*r["org_uploads"])
                       + "; at the first checkpoint all three reach 0.90 deciding allow for z "
                         ">= t with t in: " + ("{:+.2f}..{:+.2f}".format(*w)
-                                             if (w := r["at"][r["marks"][0]]["offsets"])
+                                             if r["marks"] and
+                                             (w := r["at"][r["marks"][0]]["offsets"])
                                              else "none"), flush=True)
 
 
