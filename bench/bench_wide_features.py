@@ -130,6 +130,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from anchor import HashedNgramLR, anchor_text, label_weight  # noqa: E402
 from trace_groups import after_credential_read  # noqa: E402
+from wide_parts import parts_table  # noqa: E402
 
 from gated.config import TrainConfig  # noqa: E402
 from gated.daemon.trainer.wide_path import (  # noqa: E402
@@ -188,7 +189,8 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
            addresses: bool = False, early_looks: str = "both",
            bias: float | None = None, drift_shrink: float = 1.0,
            drift_contra: tuple[float, int, float] = (1.0, 0, 0.0),
-           pair_history: int = 0, doubt: tuple[float, float] = NO_DOUBT) -> dict:
+           pair_history: int = 0, doubt: tuple[float, float] = NO_DOUBT,
+           parts_at: int = 0) -> dict:
     """One setting's run; `lag` > 1 scores each signal with weights that have not yet
     learned the previous `lag` - 1 (updates applied in groups of `lag`), as the daemon's
     trainer scores a step's arrivals with the weights published before them. `pair_rank`
@@ -232,7 +234,8 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
     pair term reads; 0, every entry, here by default, for the same reason), `doubt`
     (`train.wide_doubt_weight`, `_logits`: an uncorrected second look's "allow" the pair
     term contradicts by more than the logits steps at the weight; off here by default,
-    for the same reason), `early_block`
+    for the same reason), `parts_at` > 0: at the probes after that many signals also each
+    feature group's part of the probes' logits (wide_parts.py `parts_table`), `early_block`
     (`train.wide_early_block_weight`, `_signals`: a block label's
     weight at the first signal and the signal where it has faded to 1; (1, 0), off, here
     by default, for the same reason), `call_places` `ModelConfig.wide_sensitive_call_places`
@@ -359,6 +362,9 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
                          "typosquat": np.mean(zu[[e.category == "typosquat" for e in unseen]]
                                               < 0),
                          "offsets": offset_window(zu, yu, zh, yh)}
+            if i + 1 == parts_at:
+                at[i + 1]["parts"] = (parts_table(wide, cfg, unseen),
+                                      parts_table(wide, cfg, hist))
     g = np.array([np.mean(right_w[j - CHECK:j]) for j in range(CHECK, len(right_w) + 1, CHECK)])
     a = np.array([np.mean(right_a[j - CHECK:j]) for j in range(CHECK, len(right_a) + 1, CHECK)])
     marks = [p for p in sorted(at) if every and p % every == 0]
@@ -489,6 +495,10 @@ def main() -> None:
                          "pair term says 'block' by more than LOGITS steps at WEIGHT "
                          "(train.wide_doubt_weight, _logits; default 1:0, off, as before "
                          "it; the daemon's: 0.25:6)")
+    ap.add_argument("--parts", type=int, default=0, metavar="N",
+                    help="at the probes after N signals (a multiple of --every) also print "
+                         "each feature group's part of the probes' wide logits, per tool, "
+                         "TRUE category and verdict (bench/wide_parts.py; 0: not)")
     ap.add_argument("--correction-weight", type=float, default=0.0,
                     help="the wide path's weight of a correction (0: DESIGN.md's, 4.0)")
     a = ap.parse_args()
@@ -526,7 +536,7 @@ def main() -> None:
                        (float(a.early_block.split(":")[0]), int(a.early_block.split(":")[1])),
                        a.call_mark_places, a.endpoint_addresses, a.early_looks, a.bias,
                        a.drift_shrink, contra, a.pair_history,
-                       tuple(float(x) for x in a.doubt.split(":")))
+                       tuple(float(x) for x in a.doubt.split(":")), a.parts)
             p0, p1 = (r["at"][p] for p in points)
 
             def pair(k: str, p0=p0, p1=p1) -> str:
@@ -571,6 +581,11 @@ def main() -> None:
                                              if r["marks"] and
                                              (w := r["at"][r["marks"][0]]["offsets"])
                                              else "none"), flush=True)
+            tables = r["at"].get(a.parts, {}).get("parts", ())  # none: no probes there
+            for label, table in zip(("unseen-value probes", "history-rule probes"), tables,
+                                    strict=False):
+                print(f"\n  the wide logit's parts after {a.parts:,} signals, {label}:\n")
+                print("\n".join(table) + "\n", flush=True)
 
 
 if __name__ == "__main__":

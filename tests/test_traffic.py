@@ -11,6 +11,7 @@ import re
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from gated.signals import validate_signal
@@ -36,6 +37,7 @@ from gated.traffic.stream import _new_session, _Values
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 from anchor import HashedNgramLR, anchor_text, label_weight, ngram_buckets  # noqa: E402
 from trace_groups import disagreements  # noqa: E402
+from wide_parts import GROUPS, logit_parts, parts_table  # noqa: E402
 
 N = 5000
 WS = "/home/alice/src/billing-api"
@@ -367,3 +369,36 @@ def test_trace_groups_count_each_learner_alone():
     v1 = ("v1", "allow", "http.request POST", "org", "after a credential read")
     assert (seen[v1], gated_only[v1], anchor_only[v1]) == (3, 1, 1)
     assert (seen[("v2", *v1[1:])], gated_only[("v2", *v1[1:])]) == (1, 1)
+
+
+def test_wide_parts_sum_to_the_logit_a_learner_gives(stream: list[Event]):
+    """bench/wide_parts.py: with the daemon's features (flint: a bag of 4, the pair term,
+    every structured group on), after 300 signals learned, each probe's groups sum to the
+    full wide logit -- a group the batch has and the split forgets would break the sum --
+    and the groups the stream's calls use all take a part."""
+    from gated.engine import Model, ModelConfig, source_batch
+    from gated.engine.wide import PAIR_KEYS
+    from gated.engine.wide_learner import WideAdaGrad
+
+    cfg = ModelConfig.preset("flint")
+    model = Model.init(cfg, seed=0, dtype="float64")
+    learner = WideAdaGrad.for_model(model, np.zeros(model.num_params), lr=0.5, l2=1e-3)
+
+    def features(e: Event) -> tuple:
+        b = source_batch([(e.signal["context"], e.signal.get("history"))], cfg)
+        return b["wide_idx"][0], b["wide_val"][0], tuple(b[k][0] for k in PAIR_KEYS)
+    for e in stream[:300]:
+        idx, val, pair = features(e)
+        learner.learn(idx, val, 0.0, *label_weight(e.signal), pair)
+    probes = GatewayTraffic(seed=0).probes(120, 1000)
+    used = set()
+    for e in probes:
+        parts = logit_parts(learner, cfg, e.signal["context"], e.signal.get("history"))
+        idx, val, pair = features(e)
+        assert parts["z"] == pytest.approx(learner.logit(idx, val, 0.0, pair), abs=1e-12)
+        assert sum(parts[g] for g in GROUPS) == pytest.approx(parts["z"], abs=1e-9)
+        used |= {g for g in GROUPS if abs(parts[g]) > 1e-6}
+    assert {"bias", "call n-grams", "words", "shapes", "places", "pair"} <= used
+    table = parts_table(learner, cfg, probes)
+    assert table[0].startswith("| tool | TRUE | decided | probes | z | bias |")
+    assert sum(int(row.split("|")[4]) for row in table[2:]) == len(probes)
