@@ -317,7 +317,10 @@ def run(preset: str, lr: float, rate: float, n_signals: int, switch_at: int, see
                 pr_a = probe.evaluate(lambda items: [anchor.predict_proba(anchor_text(c, h))
                                                      for c, h in items])
                 rows.append({
-                    "n": n, "policy": traffic.policy, "virtual_s": round(clock, 1),
+                    # `signals`: the stream's position (corrections included, the unit of
+                    # `switch_at`; the probes' policy is the stream's there)
+                    "n": n, "signals": produced, "policy": traffic.policy,
+                    "virtual_s": round(clock, 1),
                     "queue": queue, "steps": steps,
                     "gated": _acc(*zip(*g, strict=True)),
                     "gated_uncalibrated": _acc(*zip(*raw[-CHECK_EVERY:], strict=True)),

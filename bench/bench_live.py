@@ -58,10 +58,10 @@ from gated.online import brier_score, expected_calibration_error  # noqa: E402
 from gated.traffic import GatewayTraffic  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
-TABLE_HEAD = ("| ordinary signals scored | policy | s | gated, last 500 vs TRUE | anchor | won / "
-              "lost | gated block recall | unseen-value probes gated / anchor | block recall "
-              "on unseen | history-rule probes gated / anchor | queue | trainer steps | "
-              "serving version | predict p50 / p99 ms |\n" + "| --- " * 14 + "|")
+TABLE_HEAD = ("| ordinary signals scored | signals of the stream | policy | s | gated, last 500 "
+              "vs TRUE | anchor | won / lost | gated block recall | unseen-value probes gated "
+              "/ anchor | block recall on unseen | history-rule probes gated / anchor | queue "
+              "| trainer steps | serving version | predict p50 / p99 ms |\n" + "| --- " * 15 + "|")
 
 
 def cpu_seconds(pid: int | None) -> float:
@@ -134,8 +134,9 @@ def _anchor_ps(anchor: HashedNgramLR, events: list) -> list[float]:
 
 
 def row_text(r: dict) -> str:
-    return (f"| {r['n']} | {r['policy']} | {r['t']:.0f} | {r['gated']:.3f} | {r['anchor']:.3f}"
-            f" | {r['wins']} / {r['losses']} | {r['block_recall']:.2f} | "
+    return (f"| {r['n']} | {r['signals']} | {r['policy']} | {r['t']:.0f} | "
+            f"{r['gated']:.3f} | {r['anchor']:.3f} | {r['wins']} / {r['losses']} | "
+            f"{r['block_recall']:.2f} | "
             f"{r['probe_unseen']:.3f} / {r['probe_unseen_anchor']:.3f} | "
             f"{r['probe_unseen_block_recall']:.2f} | {r['probe_history']:.3f} / "
             f"{r['probe_history_anchor']:.3f} | {r['queue']} | {r['step']} | {r['version']} | "
@@ -209,7 +210,7 @@ def run(a: argparse.Namespace, tmp: Path) -> dict:
                 y, w = label_weight(ev.signal)
                 anchor.learn(text, y, w)
                 if not ev.is_correction and len(scored) % CHECK_EVERY == 0:
-                    rows.append(checkpoint(scored, anchored, latency, traffic.policy,
+                    rows.append(checkpoint(scored, i + 1, anchored, latency, traffic.policy,
                                            watch.latest(), probe, anchor, asker))
         end = time.monotonic() - t0
         asker.finish()
@@ -242,14 +243,16 @@ def run(a: argparse.Namespace, tmp: Path) -> dict:
             else float("nan"), "allow_share": allow.size / max(1, len(tail))}
 
 
-def checkpoint(scored, anchored, latency, policy, status, probe, anchor, asker) -> dict:
-    """The row of the last 500 ordinary signals; the probes' columns are filled in by the
+def checkpoint(scored, signals, anchored, latency, policy, status, probe, anchor,
+               asker) -> dict:
+    """The row of the last 500 ordinary signals, `signals` into the stream (corrections
+    included: learning_report.py `after_change`); the probes' columns are filled in by the
     ProbeAsker."""
     g, an = scored[-CHECK_EVERY:], anchored[-CHECK_EVERY:]
     lat = np.array(latency[-CHECK_EVERY:]) * 1e3
     unseen, hist = probe.sets()
-    row = {"n": len(scored), "policy": policy, "t": status[0], "queue": status[1],
-           "step": status[2], "version": status[3],
+    row = {"n": len(scored), "signals": signals, "policy": policy, "t": status[0],
+           "queue": status[1], "step": status[2], "version": status[3],
            "gated": _acc(*zip(*g, strict=True)), "anchor": _acc(*zip(*an, strict=True)),
            **_paired(g, an), "block_recall": _recall_block(*zip(*g, strict=True)),
            "p50_ms": float(np.percentile(lat, 50)), "p99_ms": float(np.percentile(lat, 99)),

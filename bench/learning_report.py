@@ -27,9 +27,18 @@ def both_perfect(r: dict) -> bool:
     return r["gated"] == r["anchor"] == 1.0
 
 
+def after_change(x: dict, switch: int) -> int:
+    """How many signals of the stream (corrections included, the unit of `--switch-at`)
+    checkpoint `x` came after the change; <= 0: before it. Why not its `n`: a checkpoint
+    is every 500 *ordinary* signals scored, and by the change the stream has also carried
+    ~190 corrections, so the checkpoint at n = 4,001 came ~190 signals into the new
+    policy, not 1 (the reports before 2026-11-30 counted n - switch)."""
+    return x["signals"] - switch
+
+
 def row_text(r: dict) -> str:
     """One checkpoint's row of the `TABLE_HEAD` table."""
-    return (f"| {r['n']} | {r['policy']} | {r['gated']:.3f} | {r['anchor']:.3f} | "
+    return (f"| {r['n']} | {r['signals']} | {r['policy']} | {r['gated']:.3f} | {r['anchor']:.3f} | "
             f"{r['gated_uncalibrated']:.3f} | {r['wide_alone']:.3f} / {r['deep_alone']:.3f} | "
             f"{r['gated_block_recall']:.2f} | {r['probe_unseen']:.3f} / "
             f"{r['probe_unseen_anchor']:.3f} | {r.get('probe_unseen_raw', float('nan')):.3f} / "
@@ -47,7 +56,8 @@ def _share(r: dict) -> float:
     return (r["calibration_a"] + r.get("calibration_d", 0.0)) / r["calibration_a"]
 
 
-TABLE_HEAD = ("| ordinary signals scored | policy | gated, last 500 vs TRUE | anchor, last 500 | "
+TABLE_HEAD = ("| ordinary signals scored | signals of the stream (corrections included) | "
+              "policy | gated, last 500 vs TRUE | anchor, last 500 | "
               "gated before calibration | wide part / transformer part, the other at its mean | "
               "gated block recall | unseen-value probes gated / "
               "anchor | unseen, gated before calibration / wide part alone | history-rule "
@@ -55,8 +65,8 @@ TABLE_HEAD = ("| ordinary signals scored | policy | gated, last 500 vs TRUE | an
               "wide learner | ECE (vs "
               "signal labels) | block recall on unseen | "
               "transformer's share | queue | virtual s |\n"
-              "| ---: | --- | ---: | ---: | ---: | --- | ---: | --- | ---: | --- | ---: | ---: "
-              "| ---: | ---: | ---: |")
+              "| ---: | ---: | --- | ---: | ---: | ---: | --- | ---: | --- | ---: | --- | ---: "
+              "| ---: | ---: | ---: | ---: |")
 
 
 def by_category(r: dict) -> list[str]:
@@ -67,7 +77,7 @@ def by_category(r: dict) -> list[str]:
     trained ones: a typo of a package name that never appears in the stream, a paste host
     with a new name)."""
     rows, switch = r["rows"], r["switch_at"]
-    pre = [x for x in rows if x["n"] <= switch]
+    pre = [x for x in rows if after_change(x, switch) <= 0]
     points = [x for x in rows if x is rows[-1] or (pre and x is pre[-1])
               or x["probe_unseen_block_recall"] < 0.90]
     head = " | ".join(f"@{x['n']} ({x['policy']}) gated / anchor" for x in points)
@@ -118,23 +128,27 @@ def _every_checkpoint(rows: list[dict], settled: int = 2000) -> str:
 def _right_after(r: dict) -> list[str]:
     """The first checkpoint after the change beside what answering as before would score
     there (`Probes.changed_share`)."""
-    after = [x for x in r["rows"] if x["n"] > r["switch_at"]]
+    after = [x for x in r["rows"] if after_change(x, r["switch_at"]) > 0]
     if not after or r.get("probes_changed") is None:
         return []
     x, changed = after[0], r["probes_changed"]
-    return [f"- the first checkpoint after the change, {x['n'] - r['switch_at']} signals "
-            f"in: the change flipped the TRUE label of {100 * changed:.0f}% of the "
+    return [f"- the first checkpoint after the change, {after_change(x, r['switch_at'])} "
+            f"signals of the stream into the new policy ({x['n']} ordinary signals scored)"
+            f": the change flipped the TRUE label of {100 * changed:.0f}% of the "
             f"unseen-value probes, so answering every one as before it scores "
             f"{1 - changed:.3f}; gated {x['probe_unseen']:.3f}, the anchor "
             f"{x['probe_unseen_anchor']:.3f}"]
 
 
 def reached_95(rows: list[dict], switch: int) -> tuple[int | None, int | None]:
-    """(the first checkpoint before the change with gated >= 0.95 over its last 500, the
-    signals after the change until a checkpoint is back at >= 0.95); None: not reached."""
-    first95 = next((x["n"] for x in rows if x["n"] <= switch and x["gated"] >= 0.95), None)
-    back95 = next((x["n"] - switch for x in rows if x["n"] > switch and x["gated"] >= 0.95),
-                  None)
+    """(the signals of the stream by the first checkpoint before the change with gated >=
+    0.95 over its last 500, the signals after the change until a checkpoint is back at >=
+    0.95), both counted in signals of the stream, corrections included (`after_change`);
+    None: not reached."""
+    first95 = next((x["signals"] for x in rows
+                    if after_change(x, switch) <= 0 and x["gated"] >= 0.95), None)
+    back95 = next((after_change(x, switch) for x in rows
+                   if after_change(x, switch) > 0 and x["gated"] >= 0.95), None)
     return first95, back95
 
 
@@ -143,7 +157,7 @@ def summary(r: dict) -> list[str]:
     beats = all(x["gated"] > x["anchor"] for x in rows)
     perfect = sum(both_perfect(x) for x in rows)
     first95, back95 = reached_95(rows, switch)
-    pre = [x for x in rows if x["n"] <= switch]
+    pre = [x for x in rows if after_change(x, switch) <= 0]
     last_pre = pre[-1] if pre else rows[-1]
     return [
         f"- gated ahead of the anchor at every checkpoint: **{'yes' if beats else 'no'}** "
@@ -155,10 +169,12 @@ def summary(r: dict) -> list[str]:
         f"where behind: " + (", ".join(f"{x['n']} ({x['wins']} won / {x['losses']} lost"
                                       f"{', both perfect' if both_perfect(x) else ''})"
                                       for x in rows if x["gated"] <= x["anchor"]) or "none"),
-        f"- first checkpoint with >= 0.95 over the last 500: "
-        f"**{first95 if first95 is not None else 'not reached'}** signals (target <= 4000)",
-        f"- back to >= 0.95 after the policy change: **"
-        f"{back95 if back95 is not None else 'not within the run'}** signals (target <= 3000)",
+        "- first checkpoint with >= 0.95 over the last 500: "
+        + (f"**{first95}** signals of the stream" if first95 is not None else "**not reached**")
+        + " (target <= 4000)",
+        "- back to >= 0.95 after the policy change: "
+        + (f"**{back95}** signals of the stream after it" if back95 is not None
+           else "**not within the run**") + " (target <= 3000)",
         f"- before the change: unseen-value probes {last_pre['probe_unseen']:.3f} (anchor "
         f"{last_pre['probe_unseen_anchor']:.3f}), block recall on them "
         f"{last_pre['probe_unseen_block_recall']:.3f}; history-rule probes "

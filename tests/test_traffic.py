@@ -36,6 +36,7 @@ from gated.traffic.stream import _new_session, _Values
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 from anchor import HashedNgramLR, anchor_text, label_weight, ngram_buckets  # noqa: E402
+from learning_report import after_change, reached_95  # noqa: E402
 from trace_groups import disagreements  # noqa: E402
 from wide_parts import GROUPS, logit_parts, parts_table  # noqa: E402
 
@@ -402,3 +403,18 @@ def test_wide_parts_sum_to_the_logit_a_learner_gives(stream: list[Event]):
     table = parts_table(learner, cfg, probes)
     assert table[0].startswith("| tool | TRUE | decided | probes | z | bias |")
     assert sum(int(row.split("|")[4]) for row in table[2:]) == len(probes)
+
+
+def test_the_learning_report_counts_the_change_in_signals_of_the_stream():
+    """bench/learning_report.py: checkpoints come every 500 ordinary signals scored, the
+    change after `switch_at` signals of the stream, corrections included; a checkpoint is
+    placed against the change by its position in the stream. A checkpoint at 4,000
+    ordinary signals that the stream reached at 4,186 is 186 signals into the new policy
+    (counted by its ordinary signals it was 'before' it, and the next one '1 in')."""
+    rows = [{"n": 3500, "signals": 3660, "gated": 0.97},
+            {"n": 4000, "signals": 4186, "gated": 0.93},
+            {"n": 4500, "signals": 4712, "gated": 0.96}]
+    assert [after_change(x, 4000) for x in rows] == [-340, 186, 712]
+    assert reached_95(rows, 4000) == (3660, 712)
+    rows[1]["gated"] = 0.95
+    assert reached_95(rows, 4000) == (3660, 186)
