@@ -16,13 +16,14 @@ Used by bench_wide_features.py `--parts N`: the table at the checkpoint after N 
 from __future__ import annotations
 
 import collections
+import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
 
 from gated.engine.config import ModelConfig
-from gated.engine.tokenizer import encode_source, source_batch
-from gated.engine.wide import BIAS_BUCKET, PAIR_KEYS, _segment_features, structured_features
+from gated.engine.tokenizer import encode_source, source_batch, structured_features_of
+from gated.engine.wide import BIAS_BUCKET, PAIR_KEYS, _segment_features
 
 #: The structured groups: (name in the table, the ModelConfig field that scales it; the
 #: other groups' fields are 0 when one group is computed)
@@ -38,7 +39,8 @@ GROUPS = ("bias", "call n-grams", "history n-grams",
 def _group_features(context: str, history: Sequence[str] | None,
                     cfg: ModelConfig) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """(bucket ids, values) of each linear group of one source, as `source_batch` builds
-    them for the wide path (the same functions, one group at a time)."""
+    them for the wide path (the same functions; a structured group by
+    `structured_features_of` at a copy of `cfg` whose other groups' scales are 0)."""
     ids, segs = encode_source(context, history, cfg)
     arr, seg = np.asarray(ids, dtype=np.uint64), np.asarray(segs)
     call = _segment_features(arr[seg == 0], 0, cfg.wide_ngram, cfg.wide_buckets)
@@ -46,15 +48,10 @@ def _group_features(context: str, history: Sequence[str] | None,
     out = {"bias": (np.array([BIAS_BUCKET]), np.array([cfg.wide_bias], np.float64)),
            "call n-grams": call,
            "history n-grams": (hist[0], cfg.wide_history_scale * hist[1])}
+    off = {field: 0.0 for _, field in STRUCTURED}
     for name, field in STRUCTURED:
-        scales = {f: (getattr(cfg, f) if f == field else 0.0) for _, f in STRUCTURED}
-        out[name] = structured_features(
-            context, history, cfg.wide_buckets, scales["wide_call_words"],
-            scales["wide_history_cross"], scales["wide_call_shapes"],
-            scales["wide_known_names"], scales["wide_sensitive_files"],
-            scales["wide_endpoints"], scales["wide_sql_statements"],
-            scales["wide_path_places"], cfg.wide_shape_hosts, scales["wide_call_domains"],
-            cfg.wide_sensitive_call_places, cfg.wide_endpoint_addresses)
+        alone = dataclasses.replace(cfg, **{**off, field: getattr(cfg, field)})
+        out[name] = structured_features_of(context, history, alone)
     return out
 
 

@@ -156,19 +156,8 @@ def source_batch(items: Sequence[tuple[str, Sequence[str] | None]],
                 or cfg.wide_known_names or cfg.wide_sensitive_files or cfg.wide_endpoints
                 or cfg.wide_sql_statements or cfg.wide_path_places or cfg.wide_call_domains):
             feats = [(np.concatenate([i, si]), np.concatenate([v, sv]))
-                     for (i, v), (si, sv) in zip(feats, (
-                         structured_features(c, h, cfg.wide_buckets, cfg.wide_call_words,
-                                             cfg.wide_history_cross, cfg.wide_call_shapes,
-                                             cfg.wide_known_names,
-                                             cfg.wide_sensitive_files,
-                                             cfg.wide_endpoints,
-                                             cfg.wide_sql_statements,
-                                             cfg.wide_path_places,
-                                             cfg.wide_shape_hosts,
-                                             cfg.wide_call_domains,
-                                             cfg.wide_sensitive_call_places,
-                                             cfg.wide_endpoint_addresses)
-                         for c, h in items),
+                     for (i, v), (si, sv) in zip(
+                         feats, (structured_features_of(c, h, cfg) for c, h in items),
                          strict=True)]
         out["wide_idx"], out["wide_val"] = pad_features(feats)
         if cfg.wide_pair_rank:
@@ -181,6 +170,19 @@ def source_batch(items: Sequence[tuple[str, Sequence[str] | None]],
             out["wide_ph_idx"], out["wide_ph_val"] = pad_features([p[2:4] for p in pairs])
             out["wide_ph_grp"] = pad_features([(p[4], p[3]) for p in pairs])[0]  # entries
     return out
+
+
+def structured_features_of(context: str, history: Sequence[str] | None,
+                           cfg: ModelConfig) -> tuple[np.ndarray, np.ndarray]:
+    """The structured wide features of one source (`structured_features`) at `cfg`'s
+    scales and switches: what `source_batch` adds to the byte n-grams."""
+    return structured_features(context, history, cfg.wide_buckets, cfg.wide_call_words,
+                               cfg.wide_history_cross, cfg.wide_call_shapes,
+                               cfg.wide_known_names, cfg.wide_sensitive_files,
+                               cfg.wide_endpoints, cfg.wide_sql_statements,
+                               cfg.wide_path_places, cfg.wide_shape_hosts,
+                               cfg.wide_call_domains, cfg.wide_sensitive_call_places,
+                               cfg.wide_endpoint_addresses)
 
 
 def build_batch(examples: Sequence[dict[str, Any]], cfg: ModelConfig) -> dict[str, np.ndarray]:
