@@ -71,7 +71,9 @@ TABLE_HEAD = ("| ordinary signals scored | signals of the stream (corrections in
 
 def by_category(r: dict) -> list[str]:
     """The unseen-value probes by TRUE category, at the last checkpoint before the change,
-    at the end, and at every checkpoint where block recall on them fell below 0.90: which
+    at the end, and at every checkpoint where they or block recall on them fell below 0.90
+    (an unseen-value miss can be allowed calls answered block, which block recall does
+    not see): which
     categories' held-out values the gate generalises to, and which it missed where the
     target was missed (some held-out values share nothing a learner could read with the
     trained ones: a typo of a package name that never appears in the stream, a paste host
@@ -79,7 +81,7 @@ def by_category(r: dict) -> list[str]:
     rows, switch = r["rows"], r["switch_at"]
     pre = [x for x in rows if after_change(x, switch) <= 0]
     points = [x for x in rows if x is rows[-1] or (pre and x is pre[-1])
-              or x["probe_unseen_block_recall"] < 0.90]
+              or x["probe_unseen_block_recall"] < 0.90 or x["probe_unseen"] < 0.90]
     head = " | ".join(f"@{x['n']} ({x['policy']}) gated / anchor" for x in points)
     out = [f"| unseen-value probes by TRUE category (n at the end) | {head} |",
            "| --- |" + " --- |" * len(points)]

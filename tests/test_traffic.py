@@ -36,7 +36,7 @@ from gated.traffic.stream import _new_session, _Values
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 from anchor import HashedNgramLR, anchor_text, label_weight, ngram_buckets  # noqa: E402
-from learning_report import after_change, reached_95  # noqa: E402
+from learning_report import after_change, by_category, reached_95  # noqa: E402
 from trace_groups import disagreements  # noqa: E402
 from wide_parts import GROUPS, logit_parts, parts_table  # noqa: E402
 
@@ -418,3 +418,24 @@ def test_the_learning_report_counts_the_change_in_signals_of_the_stream():
     assert reached_95(rows, 4000) == (3660, 712)
     rows[1]["gated"] = 0.95
     assert reached_95(rows, 4000) == (3660, 186)
+
+
+def test_the_report_by_category_shows_every_checkpoint_a_probe_missed():
+    """bench/learning_report.py `by_category`: the last checkpoint before the change, the
+    end, and each checkpoint where the unseen-value probes or their block recall fell below
+    0.90 -- an unseen-value miss made of allowed calls answered block leaves block recall
+    untouched, and was left out before (seed 3's change's checkpoint, 2026-11-30)."""
+    def row(n: int, signals: int, unseen: float, recall: float, allow: float) -> dict:
+        return {"n": n, "signals": signals, "policy": "v1" if signals <= 4000 else "v2",
+                "probe_unseen": unseen, "probe_unseen_block_recall": recall,
+                "unseen_by_category": {"allow": (600, allow, 0.5), "pkg_install": (50, 1.0, 1.0)}}
+    rows = [row(500, 520, 0.95, 0.80, 0.97),     # block recall missed
+            row(3500, 3660, 0.99, 1.00, 0.99),   # the last before the change
+            row(4000, 4186, 0.88, 0.95, 0.84),   # unseen values missed, block recall met
+            row(4500, 4712, 0.99, 0.99, 0.99),   # met: not shown
+            row(5000, 5240, 0.99, 1.00, 1.00)]   # the end
+    table = by_category({"rows": rows, "switch_at": 4000})
+    assert [c.strip().split(" ")[0] for c in table[0].split("|")[2:-1]] == [
+        "@500", "@3500", "@4000", "@5000"]
+    allow = [c.strip() for c in table[2].split("|")[1:-1]]
+    assert allow[0] == "allow (600)" and allow[3] == "0.84 / 0.50"
