@@ -36,6 +36,11 @@ def after_change(x: dict, switch: int) -> int:
     return x["signals"] - switch
 
 
+def before_change(rows: list[dict], switch: int) -> list[dict]:
+    """The checkpoints that came before the change (`after_change` <= 0), oldest first."""
+    return [x for x in rows if after_change(x, switch) <= 0]
+
+
 def row_text(r: dict) -> str:
     """One checkpoint's row of the `TABLE_HEAD` table."""
     return (f"| {r['n']} | {r['signals']} | {r['policy']} | {r['gated']:.3f} | {r['anchor']:.3f} | "
@@ -72,14 +77,13 @@ TABLE_HEAD = ("| ordinary signals scored | signals of the stream (corrections in
 def by_category(r: dict) -> list[str]:
     """The unseen-value probes by TRUE category, at the last checkpoint before the change,
     at the end, and at every checkpoint where they or block recall on them fell below 0.90
-    (an unseen-value miss can be allowed calls answered block, which block recall does
-    not see): which
-    categories' held-out values the gate generalises to, and which it missed where the
-    target was missed (some held-out values share nothing a learner could read with the
-    trained ones: a typo of a package name that never appears in the stream, a paste host
-    with a new name)."""
+    (an unseen-value miss can be allowed calls answered block, which block recall does not
+    see): which categories' held-out values the gate generalises to, and which it missed
+    where the target was missed (some held-out values share nothing a learner could read
+    with the trained ones: a typo of a package name that never appears in the stream, a
+    paste host with a new name)."""
     rows, switch = r["rows"], r["switch_at"]
-    pre = [x for x in rows if after_change(x, switch) <= 0]
+    pre = before_change(rows, switch)
     points = [x for x in rows if x is rows[-1] or (pre and x is pre[-1])
               or x["probe_unseen_block_recall"] < 0.90 or x["probe_unseen"] < 0.90]
     head = " | ".join(f"@{x['n']} ({x['policy']}) gated / anchor" for x in points)
@@ -159,7 +163,7 @@ def summary(r: dict) -> list[str]:
     beats = all(x["gated"] > x["anchor"] for x in rows)
     perfect = sum(both_perfect(x) for x in rows)
     first95, back95 = reached_95(rows, switch)
-    pre = [x for x in rows if after_change(x, switch) <= 0]
+    pre = before_change(rows, switch)
     last_pre = pre[-1] if pre else rows[-1]
     return [
         f"- gated ahead of the anchor at every checkpoint: **{'yes' if beats else 'no'}** "
