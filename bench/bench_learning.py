@@ -26,7 +26,7 @@ outbound call with and without a secret read 1-10 calls back).
 
     .venv/bin/python bench/bench_learning.py --write
     .venv/bin/python bench/bench_learning.py --lr 3e-4 1e-3 2e-3 --signals 4000  # sweep
-    .venv/bin/python bench/bench_learning.py --variant v1-deep --variant v2 --write-ablation
+    .venv/bin/python bench/bench_learning.py --variant v1 --variant v2 --section ablation --write
 """
 
 from __future__ import annotations
@@ -88,6 +88,10 @@ VARIANTS = {
     # the raw pair term, before it was bounded to speak only for "block" (docs/learning.md,
     # "The history speaks only for block")
     "v2-raw-pair": {"wide_pair_block_only": False},
+    # the encoding before the change with today's wide path: its byte n-grams then mix the
+    # history into the call's (one segment); the structured features and the pair term read
+    # the call and its history apart whatever the encoding, so this measures the encoding
+    "v1": {"source_format": 1},
     "v2-deep": {"wide_buckets": 0},  # format 2, transformer only
     "v1-deep": {"source_format": 1, "wide_buckets": 0},  # the encoding before the change
 }
