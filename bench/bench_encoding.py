@@ -16,9 +16,10 @@ transformer (both encodings get the same one) so that a 2-core CPU can show the
 difference between the encodings in minutes:
 
     .venv/bin/python bench/bench_encoding.py --write
-    .venv/bin/python bench/bench_encoding.py --train 3500 --epochs 12 --model d_model=64 \
-        --model d_ff=256 --model n_heads=4 --model n_enc_layers=2 --model n_dec_layers=1 \
-        --variant v1-deep --variant v2-deep --variant v2-deep-call-alone --write --section small
+    .venv/bin/python bench/bench_encoding.py --train 3500 --test 500 --epochs 10 \
+        --model d_model=64 --model d_ff=256 --model n_heads=4 --model n_enc_layers=2 \
+        --model n_dec_layers=1 --variant v1-deep --variant v2-deep \
+        --variant v2-deep-call-alone --write --section "a transformer small enough for 2 cores"
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_learning import VARIANTS  # noqa: E402
+from bench_learning import VARIANTS, setting_value  # noqa: E402
 
 from gated.engine import AdamW, Model, ModelConfig, build_batch, source_batch, train_step  # noqa: E402
 from gated.traffic import GatewayTraffic  # noqa: E402
@@ -45,17 +46,17 @@ DEEP_VARIANTS = {**{v: VARIANTS[v] for v in VARIANTS if v.endswith("-deep")},
                  CALL_ALONE: VARIANTS["v2-deep"]}
 
 
-def _examples(events, with_history: bool) -> list[dict]:
-    return [{"context": e.signal["context"],
-             "history": (e.signal.get("history") or []) if with_history else [],
-             "reason": e.signal.get("reason"), "label": float(e.true_allow), "weight": 1.0}
-            for e in events]
-
-
 def sources(events, with_history: bool) -> list[tuple[str, list | None]]:
     """What the model reads of each event: (call, history), or the call alone."""
     return [(e.signal["context"], e.signal.get("history") if with_history else None)
             for e in events]
+
+
+def _examples(events, with_history: bool) -> list[dict]:
+    return [{"context": context, "history": history or [], "reason": e.signal.get("reason"),
+             "label": float(e.true_allow), "weight": 1.0}
+            for (context, history), e in zip(sources(events, with_history), events,
+                                             strict=True)]
 
 
 def _accuracy(model: Model, events, cfg: ModelConfig, with_history: bool) -> float:
@@ -77,7 +78,7 @@ def model_overrides(pairs: list[str]) -> dict:
             raise SystemExit(f"--model: {pair!r} is not KEY=VALUE of a ModelConfig field")
         kind = type(getattr(ModelConfig(), key))
         try:
-            out[key] = kind(float(text)) if kind is int else kind(text)
+            out[key] = setting_value(kind, text, "--model")
         except ValueError:
             raise SystemExit(f"--model: {text!r} is not a {kind.__name__} for {key}") from None
     return out

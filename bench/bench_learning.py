@@ -414,11 +414,11 @@ def _gpu_name() -> str:
     return device_name(cupy.cuda.runtime, 0)
 
 
-def _setting(kind: type, text: str):
-    """A --set value as its setting's type (bool("false") would be True)."""
+def setting_value(kind: type, text: str, option: str = "--set"):
+    """A KEY=VALUE option's value as its field's type (bool("false") would be True)."""
     if kind is bool:
         if text.lower() not in ("true", "false", "1", "0"):
-            raise SystemExit(f"--set: {text!r} is not true or false")
+            raise SystemExit(f"{option}: {text!r} is not true or false")
         return text.lower() in ("true", "1")
     return kind(text)
 
@@ -467,7 +467,7 @@ def main() -> None:
     a = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda _signum, _frame: STOP.set())
     types = {f.name: type(getattr(TrainConfig(), f.name)) for f in dataclasses.fields(TrainConfig)}
-    overrides = {k: _setting(types[k], v) for k, v in (kv.split("=", 1) for kv in a.set)}
+    overrides = {k: setting_value(types[k], v) for k, v in (kv.split("=", 1) for kv in a.set)}
     machine = (f"{platform.machine()}, {len(os.sched_getaffinity(0))} cores, Python "
                f"{platform.python_version()}, numpy {np.__version__}"
                + ("" if a.backend == "numpy" else f", engine on {_gpu_name()} (cupy)"))

@@ -22,7 +22,11 @@ def test_model_overrides_take_each_fields_type_and_refuse_what_is_not_a_field():
     got = bench_encoding.model_overrides(["d_model=64", "wide_bias=0.5", "n_heads=4"])
     assert got == {"d_model": 64, "wide_bias": 0.5, "n_heads": 4}
     assert isinstance(got["d_model"], int) and isinstance(got["wide_bias"], float)
-    for bad in (["d_model"], ["no_such_field=1"], ["d_model=wide"]):
+    # a bool field read as one (bool("false") would be True)
+    assert bench_encoding.model_overrides(["wide_pair_block_only=false"]) == {
+        "wide_pair_block_only": False}
+    for bad in (["d_model"], ["no_such_field=1"], ["d_model=wide"],
+                ["wide_pair_block_only=maybe"]):
         with pytest.raises(SystemExit):
             bench_encoding.model_overrides(bad)
 
