@@ -88,6 +88,9 @@ VARIANTS = {
     # the raw pair term, before it was bounded to speak only for "block" (docs/learning.md,
     # "The history speaks only for block")
     "v2-raw-pair": {"wide_pair_block_only": False},
+    # the n-grams read scaled by f ** 8, f their familiarity (docs/learning.md, "A
+    # familiarity-scaled n-gram part")
+    "v2-familiar-8": {"wide_familiarity": 8.0},
     # the encoding before the change with today's wide path: its byte n-grams then mix the
     # history into the call's (one segment); the structured features and the pair term read
     # the call and its history apart whatever the encoding, so this measures the encoding

@@ -141,7 +141,7 @@ from gated.daemon.trainer.wide_path import (  # noqa: E402
 from gated.engine.config import ModelConfig  # noqa: E402
 from gated.engine.model import Model  # noqa: E402
 from gated.engine.tokenizer import source_batch  # noqa: E402
-from gated.engine.wide import PAIR_KEYS  # noqa: E402
+from gated.engine.wide import NGRAM_END, PAIR_KEYS  # noqa: E402
 from gated.engine.wide_learner import NO_DOUBT, WideAdaGrad  # noqa: E402
 from gated.online.drift import CheckedTest, PageHinkley  # noqa: E402
 from gated.online.monitor import MonitorSettings  # noqa: E402
@@ -190,7 +190,7 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
            bias: float | None = None, drift_shrink: float = 1.0,
            drift_contra: tuple[float, int, float] = (1.0, 0, 0.0),
            pair_history: int = 0, doubt: tuple[float, float] = NO_DOUBT,
-           parts_at: int = 0) -> dict:
+           parts_at: int = 0, familiarity: float = 0.0) -> dict:
     """One setting's run; `lag` > 1 scores each signal with weights that have not yet
     learned the previous `lag` - 1 (updates applied in groups of `lag`), as the daemon's
     trainer scores a step's arrivals with the weights published before them. `pair_rank`
@@ -234,7 +234,9 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
     pair term reads; 0, every entry, here by default, for the same reason), `doubt`
     (`train.wide_doubt_weight`, `_logits`: an uncorrected second look's "allow" the pair
     term contradicts by more than the logits steps at the weight; off here by default,
-    for the same reason), `parts_at` > 0: at the probes after that many signals also each
+    for the same reason), `familiarity` `ModelConfig.wide_familiarity` (the n-grams read
+    scaled by their familiarity where a signal is scored or a probe asked; 0, off, here by
+    default, for the same reason), `parts_at` > 0: at the probes after that many signals also each
     feature group's part of the probes' logits (wide_parts.py `parts_table`), `early_block`
     (`train.wide_early_block_weight`, `_signals`: a block label's
     weight at the first signal and the signal where it has faded to 1; (1, 0), off, here
@@ -260,11 +262,13 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
                               wide_pair_history=pair_history)
     if bias is not None:  # else the preset's (1)
         cfg = dataclasses.replace(cfg, wide_bias=bias)
+    cfg = dataclasses.replace(cfg, wide_familiarity=familiarity)
 
     def feats(context: str, history: list[str] | None) -> tuple:
         b = source_batch([(context, history)], cfg)
         pair = tuple(b[k][0] for k in PAIR_KEYS) if pair_rank else None
-        return b["wide_idx"][0], b["wide_val"][0], 0.0, pair
+        return (b["wide_idx"][0], b["wide_val"][0], 0.0, pair,
+                int(b[NGRAM_END][0]) if NGRAM_END in b else None)
 
     model = Model.init(cfg, seed=init_seed, dtype="float64")  # the wide slots, initialised
     wide = WideAdaGrad.for_model(model, np.zeros(model.num_params), lr=lr, l2=l2,
@@ -306,7 +310,7 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
                          for e in events])
 
     def z_of_one(f) -> float:
-        return wide.logit(*f[:3], f[3])
+        return wide.logit(*f[:3], f[3], f[4])  # as the model decides: `familiar_values`
 
     for i in range(n):
         if i == switch_at:
@@ -490,6 +494,10 @@ def main() -> None:
                     help="the pair term reads only the newest N history entries "
                          "(ModelConfig.wide_pair_history; default 0, every entry, as before "
                          "it; the daemon's: 10)")
+    ap.add_argument("--familiarity", type=float, default=0.0, metavar="POWER",
+                    help="score and probe with the n-grams read scaled by f ** POWER, f "
+                         "their familiarity (ModelConfig.wide_familiarity; default 0, off, "
+                         "as before it)")
     ap.add_argument("--doubt", default="1:0", metavar="WEIGHT:LOGITS",
                     help="a second look whose label is still the gate's 'allow' while the "
                          "pair term says 'block' by more than LOGITS steps at WEIGHT "
@@ -536,7 +544,7 @@ def main() -> None:
                        (float(a.early_block.split(":")[0]), int(a.early_block.split(":")[1])),
                        a.call_mark_places, a.endpoint_addresses, a.early_looks, a.bias,
                        a.drift_shrink, contra, a.pair_history,
-                       tuple(float(x) for x in a.doubt.split(":")), a.parts)
+                       tuple(float(x) for x in a.doubt.split(":")), a.parts, a.familiarity)
             p0, p1 = (r["at"][p] for p in points)
 
             def pair(k: str, p0=p0, p1=p1) -> str:

@@ -14,7 +14,8 @@ from dataclasses import asdict, dataclass
 #: that code behaved as: at that value the field does not enter `ModelConfig.fingerprint`
 #: (a field that changes what the weights mean at its default is not listed: its states
 #: need `gated run --reinit`, docs/operations.md).
-FINGERPRINT_AS_BEFORE: dict[str, object] = {"wide_bias": 1.0, "wide_pair_history": 0}
+FINGERPRINT_AS_BEFORE: dict[str, object] = {"wide_bias": 1.0, "wide_pair_history": 0,
+                                             "wide_familiarity": 0.0}
 
 
 @dataclass(frozen=True)
@@ -192,6 +193,16 @@ class ModelConfig:
     #: the 8 that learned a little better in the harness, because flint's 8-member
     #: snapshot (38.6 MB) took up to 1.18 s to reach a cluster's edges (goal 1 s); 4: 30 MB.
     wide_members: int = 4
+    #: The byte n-grams' part of each member's linear logit is read scaled by f ** this,
+    #: f the share of the source's n-gram mass (sum of val^2) on buckets the member has
+    #: learned (weight not 0): a call made of n-grams the path never stepped leans on its
+    #: shapes, places and known names, which an unseen value shares with the calls it
+    #: learned, instead of on the few n-grams it happens to share with the rare blocks.
+    #: Learning is unchanged (the wide learner steps on the n-grams as read unscaled);
+    #: the gradient through the model's forward is exact with f held constant, which it
+    #: is wherever it is differentiable (it moves only when a weight leaves 0).
+    #: 0 = off (docs/learning.md, "A familiarity-scaled n-gram part").
+    wide_familiarity: float = 0.0
 
     def __post_init__(self) -> None:
         if self.d_model % self.n_heads != 0:
@@ -212,7 +223,7 @@ class ModelConfig:
                      "wide_path_places", "wide_call_domains", "wide_egress_calls",
                      "wide_pair_destination", "wide_pair_rank",
                      "wide_pair_buckets", "wide_pair_init", "wide_pair_pool", "wide_pair_veto",
-                     "wide_pair_history"):
+                     "wide_pair_history", "wide_familiarity"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.wide_members < 1:

@@ -27,7 +27,7 @@ from .model import length_chunks
 from .ops_numpy import gelu_tanh
 from .tokenizer import PAD
 from .wide import wide_feature_keys
-from .wide_logit import member_offsets, wide_logit_host, wide_table
+from .wide_logit import familiarity_of, member_offsets, wide_logit_host, wide_table
 
 
 def _layernorm(x: np.ndarray, g: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
@@ -131,7 +131,7 @@ class InferencePlan:
                      for k in wide_feature_keys(sources, "wide.pair_call" in self.wide)}
             z += wide_logit_host(self._take, feats, cfg.wide_scale, cfg.wide_pair_pool,
                                  cfg.wide_pair_veto, cfg.wide_pair_block_only,
-                                 member_offsets(cfg))
+                                 member_offsets(cfg), familiarity_of(cfg))
         return z
 
     def _take(self, name: str, idx: np.ndarray) -> np.ndarray:

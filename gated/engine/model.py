@@ -17,8 +17,10 @@ from .config import ModelConfig
 from .layout import decay_mask, init_flat, num_params, param_layout, views
 from .ops_numpy import NumpyOps
 from .tokenizer import BOS, EOS, PAD, decode_bytes
-from .wide import MAX_STRUCTURED, PAIR_KEYS, wide_feature_keys
+from .wide import MAX_STRUCTURED, NGRAM_END, PAIR_KEYS, wide_feature_keys
 from .wide_logit import (
+    familiar_values,
+    familiarity_of,
     member_offsets,
     pair_logit,
     shifted,
@@ -155,7 +157,8 @@ class Model:
         return wide_logit_host(take, {k: np.asarray(self.ops.to_numpy(sources[k]))
                                       for k in keys}, self.cfg.wide_scale,
                                self.cfg.wide_pair_pool, self.cfg.wide_pair_veto,
-                               self.cfg.wide_pair_block_only, member_offsets(self.cfg))
+                               self.cfg.wide_pair_block_only, member_offsets(self.cfg),
+                               familiarity_of(self.cfg))
 
     def decay_mask(self) -> np.ndarray:
         return decay_mask(self.layout)
@@ -189,13 +192,15 @@ class Model:
 
     def gate_logit(self, enc, call_mask, hist_mask, wide=None):
         """z = [pool(call), pool(history)] @ gate.w.T + gate.b (+ the wide logit);
-        returns (z, pooled, pool denominators, the pair term's sides or None).
+        returns (z, pooled, pool denominators, per member of the wide path (None without
+        one) the values its linear logit read and its pair term's sides or None).
 
         Each pool is a masked mean over its segment (an empty history pools to zeros).
         The wide logit is wide_scale * `veto_combine`(sum_k val_k w[idx_k] over hashed
         n-grams and the structured features, the call x history pair term `pair_logit`):
         their sum, or with `wide_pair_veto` the history as a veto; with
-        `wide_pair_block_only` the pair term bounded to speak only for "block"."""
+        `wide_pair_block_only` the pair term bounded to speak only for "block"; with
+        `wide_familiarity` the n-grams' values read by `familiar_values`."""
         ops, xp, P = self.ops, self.ops.xp, self.params
         p_call, d_call = ops.mean_pool(enc, call_mask)
         p_hist, d_hist = ops.mean_pool(enc, hist_mask)
@@ -207,7 +212,11 @@ class Model:
             # the path's own logit), each member's tables at its offsets
             w_all, z_wide, sides = wide_table(P, "wide.w"), 0.0, []
             for o_w, o_c, o_h in member_offsets(self.cfg):
-                z_m = (w_all[shifted(wide["wide_idx"], o_w)] * wide["wide_val"]).sum(axis=1)
+                w_m, val, pair = w_all[shifted(wide["wide_idx"], o_w)], wide["wide_val"], None
+                if NGRAM_END in wide:  # the n-grams read scaled by their familiarity
+                    val = familiar_values(w_m, val, wide[NGRAM_END],
+                                          *familiarity_of(self.cfg), xp)
+                z_m = (w_m * val).sum(axis=1)
                 if PAIR_KEYS[0] in wide:
                     c_idx, c_val, h_idx, h_val, h_grp = (wide[k] for k in PAIR_KEYS)
                     z_pair, u, v_eff, hw = pair_logit(
@@ -216,10 +225,10 @@ class Model:
                         self.cfg.wide_pair_pool, xp, h_grp)
                     z_m, d_lin, d_pair = veto_combine(z_m, z_pair, self.cfg.wide_pair_veto,
                                                       xp, self.cfg.wide_pair_block_only)
-                    sides.append((u, v_eff, hw, d_lin, d_pair))
+                    pair = (u, v_eff, hw, d_lin, d_pair)
+                sides.append((val, pair))
                 z_wide = z_wide + z_m
             z = z + self.cfg.wide_scale * z_wide / self.cfg.wide_members
-            sides = sides or None
         return z, pooled, (d_call, d_hist), sides
 
     def decode_logits(self, tgt_in, enc, src_keep):
@@ -252,7 +261,7 @@ class Model:
             return None
         keys = wide_feature_keys(batch, "wide.pair_call" in self.params)
         xp = self.ops.xp
-        return {k: xp.asarray(batch[k]) if k.endswith(("_idx", "_grp")) else
+        return {k: xp.asarray(batch[k]) if k.endswith(("_idx", "_grp", "_end")) else
                 xp.asarray(batch[k], dtype=self.dtype) for k in keys}
 
     # --- loss, forward and backward ------------------------------------------------------
@@ -383,8 +392,9 @@ class Model:
         if wide is not None:
             for m, (o_w, o_c, o_h) in enumerate(member_offsets(cfg)):
                 dzs = cfg.wide_scale * dz / cfg.wide_members
-                if sides is not None:
-                    u, v_eff, hw, d_lin, d_pair = sides[m]
+                val, pair = sides[m]  # the values as read (`familiar_values`), the pair term's
+                if pair is not None:
+                    u, v_eff, hw, d_lin, d_pair = pair
                     dzp = dzs * d_pair
                     for name, side, coef, other, off in (
                             ("wide.pair_call", "pc", wide["wide_pc_val"], v_eff, o_c),
@@ -393,7 +403,7 @@ class Model:
                                           (dzp[:, None] * coef)[:, :, None] * other[:, None, :])
                     dzs = dzs * d_lin
                 ops.embedding_bwd(G["wide.w"].reshape(-1, 1), shifted(wide["wide_idx"], o_w),
-                                  (dzs[:, None] * wide["wide_val"])[:, :, None])
+                                  (dzs[:, None] * val)[:, :, None])
         # Gate head and the two mean-pools -> d enc.
         d = cfg.d_model
         dpooled = L.linear_bwd(ops, dz[:, None], pooled, P["gate.w"], G["gate.w"], G["gate.b"])

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from .config import ModelConfig
-from .wide import pad_features, structured_features, wide_features
+from .wide import NGRAM_END, pad_features, structured_features, wide_features
 from .wide_pair import pair_features
 
 PAD, BOS, EOS, SEP = 256, 257, 258, 259
@@ -152,6 +152,8 @@ def source_batch(items: Sequence[tuple[str, Sequence[str] | None]],
         feats = [wide_features(ids, seg, cfg.wide_ngram, cfg.wide_buckets,
                                cfg.wide_history_scale, cfg.wide_bias)
                  for ids, seg in encoded]
+        if cfg.wide_familiarity:
+            out[NGRAM_END] = np.array([len(f[0]) for f in feats], np.int64)
         if (cfg.wide_call_words or cfg.wide_history_cross or cfg.wide_call_shapes
                 or cfg.wide_known_names or cfg.wide_sensitive_files or cfg.wide_endpoints
                 or cfg.wide_sql_statements or cfg.wide_path_places or cfg.wide_call_domains):

@@ -380,11 +380,18 @@ def call_destination(args: dict) -> str | None:
 PAIR_KEYS = ("wide_pc_idx", "wide_pc_val", "wide_ph_idx", "wide_ph_val", "wide_ph_grp")
 
 
+#: Where each row's byte n-grams end in ``wide_idx`` (they come first, after the bias:
+#: `wide_features`), in a `source_batch` of a model that reads them scaled by their
+#: familiarity (`ModelConfig.wide_familiarity`, engine/wide_logit.py `familiar_values`).
+NGRAM_END = "wide_ng_end"
+
+
 def wide_feature_keys(batch: dict, with_pair: bool) -> tuple[str, ...]:
-    """The wide features a model reads from `batch`: the n-gram ones, and the pair term's
-    when the model has one (`with_pair`) and the batch carries them."""
-    return ("wide_idx", "wide_val") + (PAIR_KEYS if with_pair and PAIR_KEYS[0] in batch
-                                       else ())
+    """The wide features a model reads from `batch`: the n-gram ones (with where the byte
+    n-grams end, when the batch carries it), and the pair term's when the model has one
+    (`with_pair`) and the batch carries them."""
+    return (("wide_idx", "wide_val") + ((NGRAM_END,) if NGRAM_END in batch else ())
+            + (PAIR_KEYS if with_pair and PAIR_KEYS[0] in batch else ()))
 
 
 def pad_features(feats: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:

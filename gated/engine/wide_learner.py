@@ -13,7 +13,13 @@ from __future__ import annotations
 import numpy as np
 
 from .layout import views
-from .wide_logit import member_offsets, pair_logit, veto_combine
+from .wide_logit import (
+    familiar_values,
+    familiarity_of,
+    member_offsets,
+    pair_logit,
+    veto_combine,
+)
 
 #: `WideAdaGrad.learn`'s doubt when there is none: (factor 1, no threshold).
 NO_DOUBT = (1.0, 0.0)
@@ -43,8 +49,11 @@ class WideAdaGrad:
                  eps: float = 1e-8, xp=np, pair=None, pair_lr: float = 0.1,
                  pool: float = 0.0, veto: float = 0.0, pair_l2: float | None = None,
                  pair_first: bool = False, block_only: bool = False,
-                 destination_rows: int = 0) -> None:
+                 destination_rows: int = 0, familiarity: tuple[float, int] = (0.0, 1)) -> None:
         self.w, self.g2, self.scale, self.xp = weights, accum, scale, xp
+        #: how `logit` reads the n-grams when told where they end (`familiar_values`:
+        #: power, where they start); learning reads them as they are
+        self.familiarity = familiarity
         self.lr, self.l2, self.eps = lr, l2, eps
         #: the pair tables' own L2 (None: `l2`)
         self.pair_l2 = pair_l2
@@ -86,11 +95,19 @@ class WideAdaGrad:
                                 xp=model.ops.xp, pair=pair, pool=cfg.wide_pair_pool,
                                 veto=cfg.wide_pair_veto if pair is not None else 0.0,
                                 block_only=cfg.wide_pair_block_only and pair is not None,
-                                destination_rows=cfg.pair_destination_rows, **kw))
+                                destination_rows=cfg.pair_destination_rows,
+                                familiarity=familiarity_of(cfg), **kw))
         return learners[0] if len(learners) == 1 else WideBag(learners)
 
-    def logit(self, idx: np.ndarray, val: np.ndarray, z_rest: float, pair=None) -> float:
-        """The gate's logit z_rest + scale * z_wide of one signal (no update)."""
+    def logit(self, idx: np.ndarray, val: np.ndarray, z_rest: float, pair=None,
+              ngram_end: int | None = None) -> float:
+        """The gate's logit z_rest + scale * z_wide of one signal (no update); given where
+        its byte n-grams end (`NGRAM_END`), read as the model reads them for a decision
+        (`familiar_values` at `familiarity`)."""
+        if ngram_end is not None and self.familiarity[0]:
+            w = self._host(self.w[self.xp.asarray(idx)]).astype(np.float64)
+            val = familiar_values(w[None], np.asarray(val, np.float64)[None],
+                                  np.array([ngram_end]), *self.familiarity)[0]
         return self._gradient(idx, val, z_rest, 1.0, 1.0, pair)["z"]
 
     def gradient(self, idx: np.ndarray, val: np.ndarray, z_rest: float, label: float,
@@ -372,9 +389,10 @@ class WideBag:
                   if k else learner.logit(idx, val, z_rest, pair))
         return z / len(self.learners)
 
-    def logit(self, idx: np.ndarray, val: np.ndarray, z_rest: float, pair=None) -> float:
+    def logit(self, idx: np.ndarray, val: np.ndarray, z_rest: float, pair=None,
+              ngram_end: int | None = None) -> float:
         """The bag's logit: the members' mean (no update)."""
-        return sum(learner.logit(idx, val, z_rest, pair)
+        return sum(learner.logit(idx, val, z_rest, pair, ngram_end)
                    for learner in self.learners) / len(self.learners)
 
     def shrink(self, factor: float) -> list:

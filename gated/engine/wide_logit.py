@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .wide import PAIR_KEYS
+from .wide import NGRAM_END, PAIR_KEYS
 
 
 def pair_logit(call_rows, call_val, hist_rows, hist_val, pool: float = 0.0, xp=np,
@@ -127,6 +127,45 @@ def veto_combine(z_lin, z_pair, veto: float, xp=np, block_only: bool = False):
             xp.exp(-xp.logaddexp(0.0, b) - log_1mq) * d_bound)
 
 
+def familiar_values(w_rows, val, ngram_end, power: float, ngram_start: int = 1, xp=np):
+    """The wide features' values as one member's linear logit reads them with
+    `ModelConfig.wide_familiarity` = `power` > 0: each row's byte n-grams (entries
+    `ngram_start` <= k < `ngram_end[b]`: `wide_features` puts them first, after the bias)
+    times f ** power, every other entry as it is, where
+
+        f = sum_{k n-gram, w_k != 0} val_k^2 / sum_{k n-gram} val_k^2   (1 without n-grams)
+
+    and w_k = `w_rows` [B, K], the member's weights at the row's buckets. A weight is 0
+    until the wide learner first steps it (the table starts at zero and only the learner
+    writes it), so f is the share of the call's n-gram mass the member has learned.
+
+    Why (docs/learning.md, "A familiarity-scaled n-gram part"): in the first hundreds of
+    signals the rare blocks push their n-grams, and every n-gram of the allowed traffic
+    they share, toward "block"; a call built of values the stream never showed shares
+    little more than those with what was learned, and its n-gram part then outweighed the
+    shapes, places and known names that knew it. Scaled, an unfamiliar call is judged by
+    the features that generalise; a familiar one (f ~ 1) as before.
+
+    f is piecewise constant in w (it moves only when a weight leaves or reaches 0), so
+    d logit / d w_k = f ** power * val_k for an n-gram entry, exactly, wherever the logit
+    is differentiable: the model's backward uses the returned values as they are."""
+    if not power:
+        return val
+    pos = xp.arange(val.shape[1])[None, :]
+    ngram = (pos >= ngram_start) & (pos < xp.asarray(ngram_end)[:, None])
+    mass = xp.where(ngram, val * val, 0.0)
+    total = mass.sum(axis=1)
+    seen = xp.where(w_rows != 0, mass, 0.0).sum(axis=1)
+    f = xp.where(total > 0, seen / xp.where(total > 0, total, 1.0), 1.0)
+    return xp.where(ngram, val * (f ** power)[:, None], val)
+
+
+def familiarity_of(cfg) -> tuple[float, int]:
+    """(power, where the n-grams start) of `familiar_values` for a model config: the
+    n-grams come right after the bias feature, when there is one (`wide_features`)."""
+    return cfg.wide_familiarity, int(cfg.wide_bias != 0)
+
+
 def wide_table(params: dict, name: str):
     """The wide table `name` as rows to gather: ``wide.w`` is stored [members, buckets]
     (one logit's weights per member of the bag) and gathered flat, the pair term's tables
@@ -149,16 +188,23 @@ def shifted(idx, offset: int):
 
 def wide_logit_host(take, feats: dict, scale: float, pool: float = 0.0,
                     veto: float = 0.0, block_only: bool = False,
-                    offsets: Sequence[tuple[int, int, int]] = ((0, 0, 0),)) -> np.ndarray:
+                    offsets: Sequence[tuple[int, int, int]] = ((0, 0, 0),),
+                    familiarity: tuple[float, int] = (0.0, 1)) -> np.ndarray:
     """The wide path's logit [B] in float64 on the host: scale * the mean over the bag's
     members (`offsets`, `member_offsets`) of `veto_combine`(sum_k val_k w[idx_k],
-    pair_logit pooled by `pool`, `veto`, `block_only`). `take(name, idx)` returns the rows
-    of the wide table `name` (as `wide_table` lays it out) at `idx` as host float64 (the
-    model gathers on its backend and copies only those; the inference plan reads its own
-    copies), `feats` the batch's wide features as host arrays."""
+    pair_logit pooled by `pool`, `veto`, `block_only`), the values read by
+    `familiar_values` at `familiarity` = (power, n-gram start) when `feats` carries where
+    the n-grams end. `take(name, idx)` returns the rows of the wide table `name` (as
+    `wide_table` lays it out) at `idx` as host float64 (the model gathers on its backend
+    and copies only those; the inference plan reads its own copies), `feats` the batch's
+    wide features as host arrays."""
     total = 0.0
     for o_w, o_c, o_h in offsets:
-        z = (take("wide.w", shifted(feats["wide_idx"], o_w)) * feats["wide_val"]).sum(axis=1)
+        w = take("wide.w", shifted(feats["wide_idx"], o_w))
+        val = feats["wide_val"]
+        if NGRAM_END in feats:
+            val = familiar_values(w, val, feats[NGRAM_END], *familiarity)
+        z = (w * val).sum(axis=1)
         if PAIR_KEYS[0] in feats:
             c_idx, c_val, h_idx, h_val, h_grp = (feats[k] for k in PAIR_KEYS)
             z = veto_combine(z, pair_logit(take("wide.pair_call", shifted(c_idx, o_c)), c_val,
