@@ -50,12 +50,13 @@ def test_familiar_values_scales_the_ngrams_by_the_share_of_their_mass_learned():
 
 
 def test_the_batch_says_where_the_ngrams_end_only_when_the_model_reads_them_scaled():
-    """`source_batch` carries `NGRAM_END` with `wide_familiarity` > 0 (and not otherwise,
-    so a model without it sees the batch it always did); the entries before it are
+    """`source_batch` carries `NGRAM_END` with `wide_familiarity` > 0, the default (and not
+    at 0, so a model without it sees the batch it always did); the entries before it are
     `wide_features`' own: the bias and the call's and the history's byte n-grams."""
-    off = ModelConfig.tiny()
-    assert off.wide_familiarity == 0 and NGRAM_END not in source_batch(ITEMS, off)
-    on = dataclasses.replace(off, wide_familiarity=8.0)
+    on = ModelConfig.tiny()
+    assert on.wide_familiarity == ModelConfig.flint().wide_familiarity == 8.0  # the default
+    off = dataclasses.replace(on, wide_familiarity=0.0)
+    assert NGRAM_END not in source_batch(ITEMS, off)
     batch = source_batch(ITEMS, on)
     for k, (context, history) in enumerate(ITEMS):
         ids, segs = encode_source(context, history, on)
@@ -67,12 +68,14 @@ def test_the_batch_says_where_the_ngrams_end_only_when_the_model_reads_them_scal
         np.testing.assert_array_equal(batch["wide_val"][k, :end], val)
     with pytest.raises(ValueError, match="wide_familiarity"):
         ModelConfig(wide_familiarity=-1.0)
-    # off, a state stored before the field existed loads (its fingerprint is the same)
+    # how the weights are read, not what they hold: a state stored before the field
+    # existed, or at another value, loads (the fingerprint leaves the field out)
     before = {k: v for k, v in dataclasses.asdict(off).items()
               if k not in ("wide_familiarity", "wide_bias")}  # wide_bias 1: as before it too
     assert off.fingerprint() == hashlib.blake2b(json.dumps(before, sort_keys=True).encode(),
                                                 digest_size=12).hexdigest()
-    assert on.fingerprint() != off.fingerprint()
+    assert on.fingerprint() == off.fingerprint()
+    assert dataclasses.replace(on, wide_history_scale=0.5).fingerprint() != on.fingerprint()
 
 
 def _half_learned_model(members: int, seed: int = 3, power: float = 2.0

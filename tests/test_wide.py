@@ -20,6 +20,7 @@ from gated.engine import AdamW, Model, ModelConfig, build_batch, source_batch
 from gated.engine.wide import (
     BIAS_BUCKET,
     MAX_STRUCTURED,
+    NGRAM_END,
     PAIR_KEYS,
     structured_features,
     value_shape,
@@ -308,7 +309,7 @@ def test_a_bag_is_trained_published_and_restored_whole(tmp_path):
     for k, z in enumerate(serving.current.model.wide_logit(batch)):
         pair = tuple(batch[key][k] for key in PAIR_KEYS)
         assert z == pytest.approx(learner.logit(batch["wide_idx"][k], batch["wide_val"][k],
-                                                0.0, pair), abs=1e-6)
+                                                0.0, pair, batch[NGRAM_END][k]), abs=1e-6)
     trainer.checkpoint()
     weights = {n: trainer.model.params[n].copy() for n in ("wide.w", "wide.pair_call",
                                                             "wide.pair_hist")}
