@@ -118,7 +118,9 @@ class ProbeAsker(threading.Thread):
                 row.update(probe_unseen=_acc(pu, yu), probe_unseen_block_recall=_recall_block(
                     pu, yu), probe_history=_acc(ph, yh),
                     probe_unseen_anchor=_acc(_anchor_ps(anchor, unseen), yu),
-                    probe_history_anchor=_acc(_anchor_ps(anchor, hist), yh))
+                    probe_history_anchor=_acc(_anchor_ps(anchor, hist), yh),
+                    wrong={"unseen": wrong_by_category(pu, unseen),
+                           "history": wrong_by_category(ph, hist)})
                 print(row_text(row), flush=True)
                 if self.jobs.empty():
                     self.busy.clear()
@@ -126,6 +128,32 @@ class ProbeAsker(threading.Thread):
     def finish(self) -> None:
         self.jobs.put(None)
         self.join()
+
+
+def wrong_by_category(ps: list[float], events: list) -> dict[str, tuple[int, int]]:
+    """{TRUE category: (answered wrong, asked)} of probes `events` answered p_allow `ps`:
+    what a checkpoint's miss is made of (an allowed unseen value leaning block, or a block
+    category not yet learned)."""
+    out: dict[str, tuple[int, int]] = {}
+    for p, e in zip(ps, events, strict=True):
+        wrong, asked = out.get(e.category, (0, 0))
+        out[e.category] = (wrong + int((p >= 0.5) != e.true_allow), asked + 1)
+    return out
+
+
+def misses_text(rows: list[dict]) -> str:
+    """The summary's line on the checkpoints where a probe set was below 0.90: its wrong
+    answers by TRUE category."""
+    parts = []
+    for r in rows:
+        for name, key in (("unseen", "probe_unseen"), ("history", "probe_history")):
+            if r[key] < 0.90 or (name == "unseen" and r["probe_unseen_block_recall"] < 0.90):
+                wrong = r.get("wrong", {}).get(name, {})
+                parts.append(f"{r['n']} {name}: " + (", ".join(
+                    f"{cat} {w} of {n}" for cat, (w, n) in sorted(wrong.items()) if w)
+                    or "none wrong"))
+    return ("- where a probe set was below 0.90 (or block recall on it), its wrong answers by "
+            "TRUE category: " + ("; ".join(parts) or "nowhere"))
 
 
 def _anchor_ps(anchor: HashedNgramLR, events: list) -> list[float]:
@@ -284,6 +312,7 @@ def summary(r: dict, switch_at: int, rate: float) -> list[str]:
         f"- probes >= 0.90 at {ok['probe_unseen']} (unseen values), "
         f"{ok['probe_unseen_block_recall']} (block recall on them), {ok['probe_history']} "
         f"(the history rule) of {len(rows)} checkpoints",
+        misses_text(rows),
         f"- keeping up at {rate:g} signals/s: the stream took {r['end_s']:.0f} s (the client "
         f"at most {r['late_s'] * 1e3:.0f} ms behind its schedule, at signal {r['late_at']}); "
         f"the daemon's queue at most "

@@ -29,6 +29,15 @@ def test_a_short_live_stream_is_scored_and_fully_taken_in(tmp_path):
     assert rows[0][2] == "v2"  # the change came at 450 signals, before the 500th scored
     # the probes were asked through the daemon and filled in (not the placeholder nan)
     assert "nan" not in rows[0][8] and "nan" not in rows[0][10], out
+    # where a probe set missed 0.90, its wrong answers by TRUE category, adding up to it
+    miss = re.search(r"its wrong answers by TRUE category: (.*)", out).group(1)
+    unseen, recall, history = (float(rows[0][k].split(" / ")[0]) for k in (8, 9, 10))
+    assert (miss == "nowhere") == (min(unseen, recall, history) >= 0.90), out
+    for name, acc in (("unseen", unseen), ("history", history)):
+        part = re.search(rf"500 {name}: ([^;]*)", miss)
+        if part is not None:
+            wrong = sum(int(w) for w in re.findall(r"(\d+) of \d+", part.group(1)))
+            assert wrong == round((1.0 - acc) * 20), out  # --probes 20 in each set
     # every ordinary signal was asked and answered, every signal acknowledged ...
     asked = int(re.search(r"round trip, (\d+) calls\)", out).group(1))
     acked = int(re.search(r"round trip, (\d+) signals\)", out).group(1))

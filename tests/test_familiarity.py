@@ -33,7 +33,7 @@ def test_familiar_values_scales_the_ngrams_by_the_share_of_their_mass_learned():
     after the n-grams as they are; a row without n-grams, and power 0, unchanged."""
     val = np.array([[1.0, 0.6, 0.8, 0.0, 0.5, 0.3],  # bias, 3 n-grams, 2 structured
                     [1.0, 0.7, 0.2, 0.0, 0.0, 0.0]])  # bias, 1 n-gram, 1 structured, padding
-    w = np.array([[0.4, 0.0, -1.2, 3.0, 0.0, 0.0],  # learned: the second n-gram only
+    w = np.array([[0.4, 0.0, -1.2, 3.0, 0.0, 0.0],  # learned: the second and third n-grams
                   [0.4, 0.0, 2.0, 0.0, 0.0, 0.0]])  # its one n-gram never learned
     end = np.array([4, 2])
     got = familiar_values(w, val, end, 2.0, 1)

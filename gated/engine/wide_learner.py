@@ -5,7 +5,9 @@ Wide & Deep must learn from the first signals on, as the anchor does, so every f
 signal steps it as it is read, by AdaGrad per bucket, with the transformer's logit held
 fixed (block-coordinate descent on one loss). Its features and its logit are in wide.py;
 this learner computes the same logit (the pair term pooled alike, `veto_combine` alike),
-so what it trains is what serves.
+so what it trains is what serves -- but for the n-grams' familiarity
+(`ModelConfig.wide_familiarity`): serving reads them scaled by it, this learner steps on
+them as they are, and its `logit` reads them as serving does when told where they end.
 """
 
 from __future__ import annotations
