@@ -316,7 +316,8 @@ def run(preset: str, lr: float, rate: float, n_signals: int, switch_at: int, see
                 deep_mean = float(np.mean([d for _, d, _ in parts[-CHECK_EVERY:]]))
 
                 def scored_parts(items, deep_mean=deep_mean):
-                    sources = source_batch(items, cfg)
+                    # read as serving reads them (unscaled n-grams while adapting)
+                    sources = serving.calibration.reads(source_batch(items, cfg))
                     z, p, snap = serving.score_sources(sources)  # = predict_many's p
                     return (p, z, z - snap.model.wide_logit(sources), deep_mean,
                             trainer.model.wide_logit(sources))

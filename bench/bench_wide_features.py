@@ -190,7 +190,8 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
            bias: float | None = None, drift_shrink: float = 1.0,
            drift_contra: tuple[float, int, float] = (1.0, 0, 0.0),
            pair_history: int = 0, doubt: tuple[float, float] = NO_DOUBT,
-           parts_at: int = 0, familiarity: float = 0.0) -> dict:
+           parts_at: int = 0, familiarity: float = 0.0,
+           unscaled_adapting: bool = False) -> dict:
     """One setting's run; `lag` > 1 scores each signal with weights that have not yet
     learned the previous `lag` - 1 (updates applied in groups of `lag`), as the daemon's
     trainer scores a step's arrivals with the weights published before them. `pair_rank`
@@ -236,13 +237,15 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
     term contradicts by more than the logits steps at the weight; off here by default,
     for the same reason), `familiarity` `ModelConfig.wide_familiarity` (the n-grams read
     scaled by their familiarity where a signal is scored or a probe asked; 0, off, here by
-    default, for the same reason), `parts_at` > 0: at the probes after that many signals also each
-    feature group's part of the probes' logits (wide_parts.py `parts_table`), `early_block`
-    (`train.wide_early_block_weight`, `_signals`: a block label's
-    weight at the first signal and the signal where it has faded to 1; (1, 0), off, here
-    by default, for the same reason), `call_places` `ModelConfig.wide_sensitive_call_places`
-    (off here by default, for the same reason), `addresses`
-    `ModelConfig.wide_endpoint_addresses` (off here by default, for the same reason)."""
+    default, for the same reason; with `unscaled_adapting` read unscaled while the
+    learner's contradiction window is open, `train.drift_wide_unscaled`), `parts_at` > 0:
+    at the probes after that many signals also each feature group's part of the probes'
+    logits (wide_parts.py `parts_table`), `early_block` (`train.wide_early_block_weight`,
+    `_signals`: a block label's weight at the first signal and the signal where it has
+    faded to 1; (1, 0), off, here by default, for the same reason), `call_places`
+    `ModelConfig.wide_sensitive_call_places` (off here by default, for the same reason),
+    `addresses` `ModelConfig.wide_endpoint_addresses` (off here by default, for the same
+    reason)."""
     cfg = dataclasses.replace(ModelConfig.preset("flint"), wide_call_words=words,
                               wide_history_cross=cross, wide_pair_rank=pair_rank,
                               wide_pair_pool=pool, wide_call_shapes=shapes,
@@ -310,7 +313,9 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
                          for e in events])
 
     def z_of_one(f) -> float:
-        return wide.logit(*f[:3], f[3], f[4])  # as the model decides: `familiar_values`
+        # as the model decides: `familiar_values`, not while adapting with `unscaled_adapting`
+        unscaled = unscaled_adapting and wide.contra_left > 0
+        return wide.logit(*f[:3], f[3], None if unscaled else f[4])
 
     for i in range(n):
         if i == switch_at:
@@ -498,6 +503,10 @@ def main() -> None:
                     help="score and probe with the n-grams read scaled by f ** POWER, f "
                          "their familiarity (ModelConfig.wide_familiarity; default 0, off, "
                          "as before it)")
+    ap.add_argument("--unscaled-adapting", action="store_true",
+                    help="with --familiarity: read the n-grams unscaled while the learner's "
+                         "contradiction window is open (train.drift_wide_unscaled; off by "
+                         "default, as before it)")
     ap.add_argument("--doubt", default="1:0", metavar="WEIGHT:LOGITS",
                     help="a second look whose label is still the gate's 'allow' while the "
                          "pair term says 'block' by more than LOGITS steps at WEIGHT "
@@ -544,7 +553,8 @@ def main() -> None:
                        (float(a.early_block.split(":")[0]), int(a.early_block.split(":")[1])),
                        a.call_mark_places, a.endpoint_addresses, a.early_looks, a.bias,
                        a.drift_shrink, contra, a.pair_history,
-                       tuple(float(x) for x in a.doubt.split(":")), a.parts, a.familiarity)
+                       tuple(float(x) for x in a.doubt.split(":")), a.parts, a.familiarity,
+                       a.unscaled_adapting)
             p0, p1 = (r["at"][p] for p in points)
 
             def pair(k: str, p0=p0, p1=p1) -> str:

@@ -97,6 +97,11 @@ def test_snapshot_codec_verifies_digest_layout_and_pointer():
     closed, cptr = encode(8, flat, step=4, calibration=[1.5, -0.2, -1.0, False], layout=layout)
     assert decode(closed, cptr, layout).calibration == (1.5, -0.2, -1.0, 0.0)
     assert Calibration(*decode(closed, cptr, layout).calibration).allow_open == 0.0
+    # ... and whether the n-grams are read by their familiarity (not while adapting)
+    adapting = Calibration(1.5, -0.2, -1.0, True, familiar=False)
+    blob5, ptr5 = encode(9, flat, step=5, calibration=adapting.as_list(), layout=layout)
+    at_edge = Calibration(*decode(blob5, ptr5, layout).calibration)
+    assert at_edge.allow_open and not at_edge.familiar
     bad = bytearray(blob)
     bad[-5] ^= 0x40
     with pytest.raises(SnapshotError, match="SHA-256"):

@@ -140,6 +140,9 @@ def test_the_allow_band_opens_once_enough_signals_are_scored(tmp_path):
             assert first["band"] == "ask" and 0.0 < first["p_allow"] < 1.0, first
             assert c.status()["allow_band_open"] is False
             assert metric_value(metric_samples(d.scrape()), "gated_allow_band_open") == 0
+            # no drift alarm: the wide path's n-grams are read by their familiarity
+            assert c.status()["wide_familiar"] is True
+            assert metric_value(metric_samples(d.scrape()), "gated_wide_familiar") == 1
             c.signals(_signals(30))
             st = wait_until(lambda: (s := c.status())["scored"] == 30 and s["queue_depth"] == 0
                             and s["version"] >= 1 and s, what="30 signals scored")

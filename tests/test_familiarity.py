@@ -1,7 +1,8 @@
 """The n-grams read scaled by their familiarity (`ModelConfig.wide_familiarity`,
 engine/wide_logit.py `familiar_values`): the arithmetic, the batch that carries where the
-n-grams end, exact gradients through the model's forward, and the same logit wherever a
-decision is made (the model, the inference plan, the wide learner)."""
+n-grams end, exact gradients through the model's forward, the same logit wherever a
+decision is made (the model, the inference plan, the wide learner), and serving reading
+them unscaled while the trainer adapts to a drift alarm."""
 
 from __future__ import annotations
 
@@ -13,12 +14,16 @@ import numpy as np
 import pytest
 from gradcheck import numeric_grad_entries, rel_error
 
+from gated.config import TrainConfig
+from gated.daemon.serving import Calibration, Serving
+from gated.daemon.trainer import build_trainer
 from gated.engine import Model, ModelConfig, build_batch
 from gated.engine.infer import InferencePlan
 from gated.engine.tokenizer import encode_source, source_batch
 from gated.engine.wide import NGRAM_END, PAIR_KEYS, wide_features
 from gated.engine.wide_learner import WideAdaGrad, WideBag
 from gated.engine.wide_logit import familiar_values, member_offsets, shifted
+from gated.store import Store
 
 TOL = 1e-6
 READ = 'fs.read {"path": "/home/a/src/p/%s"}'
@@ -195,3 +200,43 @@ def test_a_call_of_ngrams_mostly_never_learned_is_judged_by_its_other_features()
     unscaled["wide_val"][0] = sources["wide_val"][0]
     z, z_plain = model.wide_logit(sources), _twin(model, plain).wide_logit(unscaled)
     assert z[1] == pytest.approx(z_plain[1], rel=1e-12) and z[2] != pytest.approx(z_plain[2])
+
+
+def test_serving_reads_the_ngrams_unscaled_while_the_trainer_adapts_to_a_drift(tmp_path):
+    """While the trainer's wide learner adapts to a drift alarm (its contradiction window
+    open), the calibration it publishes turns the scaling off: serving's predictions and
+    explanations then read the n-grams as a model without the scaling does, and a second
+    server loading the published version reads them so too. Unscaled only with
+    `train.drift_wide_unscaled` (hot), and scaled again once the window closes."""
+    model, _ = _half_learned_model(1, seed=5, power=8.0)
+    flat = model.flat.astype(np.float32)
+    store = Store(str(tmp_path))
+    trainer, serving = build_trainer(store, model.cfg, TrainConfig(), seed=0)
+    serving.swap(flat, 1, 0)
+    scaled = serving.score_many(ITEMS)[0]
+    plain = Serving(dataclasses.replace(model.cfg, wide_familiarity=0.0), flat, 1, 0)
+    want = plain.score_many(ITEMS)[0]
+    assert np.abs(scaled - want).max() > 1e-2  # the scaling moves these logits
+    assert trainer.served_calibration().familiar
+    trainer.wide_path.learner.relax_contradicted(0.1, 2, 0.0)  # as `on_drift` opens it
+    cal = trainer.served_calibration()
+    assert not cal.familiar and Calibration(*cal.as_list()) == cal
+    assert Calibration(*cal.as_list()[:4]).familiar  # stored before the field: scaled
+    serving.calibration = cal
+    plain.calibration = dataclasses.replace(cal, familiar=True)  # the same Platt map
+    np.testing.assert_allclose(serving.score_many(ITEMS)[0], want, rtol=1e-5, atol=1e-6)
+    context, history = ITEMS[0]
+    assert serving.explain(context, history)["p_allow"] == pytest.approx(
+        plain.explain(context, history)["p_allow"], rel=1e-5)
+    trainer._publish(flat, flat, 0, False)  # the version and its calibration to LMDB
+    other = Serving(model.cfg, flat, 0, 0)
+    assert other.load_published(store) is not None and not other.calibration.familiar
+    np.testing.assert_allclose(other.score_many(ITEMS)[0], want, rtol=1e-5, atol=1e-6)
+    trainer.settings = dataclasses.replace(trainer.settings, drift_wide_unscaled=False)
+    assert trainer.served_calibration().familiar
+    trainer.settings = TrainConfig()
+    row = source_batch(ITEMS[:1], model.cfg)
+    for _ in range(2):  # the window's two examples, learned
+        trainer.wide_path.learner.learn(row["wide_idx"][0], row["wide_val"][0], 0.0, 0.0, 1.0,
+                                        tuple(row[key][0] for key in PAIR_KEYS))
+    assert trainer.wide_path.learner.contra_left == 0 and trainer.served_calibration().familiar

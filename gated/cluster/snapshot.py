@@ -2,9 +2,10 @@
 
     b"GSNP" | u32 header length (little endian) | msgpack header | float32 weights
 
-The header holds ``format`` (1), ``version``, ``step``, ``calibration`` ([a, b, d] or
-[a, b, d, allow_open as 1.0 / 0.0], or None), ``layout`` (the model's layout
-fingerprint: preset fingerprint and parameter count), ``dtype`` ("<f4"), ``n``
+The header holds ``format`` (1), ``version``, ``step``, ``calibration`` ([a, b, d],
+[a, b, d, allow_open as 1.0 / 0.0], the same with familiar as 1.0 / 0.0 after it, or
+None), ``layout`` (the model's layout fingerprint: preset fingerprint and parameter
+count), ``dtype`` ("<f4"), ``n``
 (parameters), ``sha256`` (hex, of the weight bytes) and ``published_at`` (unix seconds).
 The KV key names the object and repeats version, layout and digest, so an edge checks the
 object against the pointer and the bytes against both: a truncated, corrupted,
@@ -46,7 +47,8 @@ def object_name(version: int) -> str:
 class Decoded:
     version: int
     step: int
-    #: (a, b), (a, b, d) or (a, b, d, allow_open): serving.Calibration
+    #: (a, b), (a, b, d), (a, b, d, allow_open) or (a, b, d, allow_open, familiar):
+    #: serving.Calibration
     calibration: tuple[float, ...] | None
     flat: np.ndarray
     header: dict[str, Any]
@@ -107,4 +109,4 @@ def decode(blob: bytes | bytearray | memoryview, pointer: dict[str, Any],
         raise SnapshotError("non-finite weights")
     cal = header.get("calibration")
     return Decoded(int(header["version"]), int(header.get("step", 0)),
-                   tuple(float(x) for x in cal[:4]) if cal else None, flat, header)
+                   tuple(float(x) for x in cal[:5]) if cal else None, flat, header)

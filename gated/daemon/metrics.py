@@ -56,6 +56,7 @@ SERIES: dict[str, str] = {
     "gated_drift_withdrawn_total": "counter",
     "gated_drift_adapting": "gauge",
     "gated_allow_band_open": "gauge",
+    "gated_wide_familiar": "gauge",
     "gated_replay_dropped_total": "counter",
     "gated_signals_backpropagated_total": "counter",
     "gated_train_steps_total": "counter",
@@ -186,6 +187,11 @@ class Metrics:
                                      "train.allow_band_drift_hold after an alarm of the "
                                      "drift detector or the allow band's guard (would-be "
                                      "allows are answered `ask`)", registry=r)
+        self.wide_familiar = Gauge("gated_wide_familiar", "1 when serving reads the wide "
+                                   "path's byte n-grams scaled by their familiarity "
+                                   "(model.wide_familiarity > 0); 0 while the trainer's wide "
+                                   "path adapts to a drift alarm (train.drift_wide_unscaled) "
+                                   "or without the scaling", registry=r)
         self.replay_dropped = Counter("gated_replay_dropped", "Replay examples dropped "
                                       "because a detected drift made their labels stale",
                                       registry=r)

@@ -162,6 +162,9 @@ class Daemon(OpHandlers):
             # the band serving answers with: closed while the trainer's evidence does not
             # back an allow yet (train.allow_band_after, train.allow_band_drift_hold)
             "allow_band_open": bool(self.serving.calibration.allow_open),
+            # the wide path's n-grams read by their familiarity (not while the trainer
+            # adapts to a drift alarm: train.drift_wide_unscaled)
+            "wide_familiar": self._wide_familiar(),
             "backend": backend, "device": device, "preset": self.cfg.daemon.preset,
             "params": self.num_params, "uptime_s": time.time() - self.started,
             "gated_version": __version__, "config": self.cfg.to_dict()["train"],
@@ -294,6 +297,7 @@ class Daemon(OpHandlers):
         self.num_params = num_params(param_layout(model_cfg))
         self.serving = self._initial_serving(model_cfg)
         self.metrics.allow_band_open.set(float(bool(self.serving.calibration.allow_open)))
+        self.metrics.wide_familiar.set(float(self._wide_familiar()))
         self.batcher = MicroBatcher(self.serving, cfg.serving.batch_wait_ms / 1000.0,
                                     cfg.serving.batch_max, on_batch=self._on_batch)
         self.metrics.weights_version.set(self.serving.current.version)
@@ -335,6 +339,12 @@ class Daemon(OpHandlers):
     def _on_batch(self, n: int) -> None:
         self.metrics.predict_batch.observe(n)
 
+    def _wide_familiar(self) -> bool:
+        """Whether serving now reads the wide path's n-grams scaled by their familiarity:
+        the model has the scaling and the published calibration does not turn it off."""
+        return (self.serving.cfg.wide_familiarity > 0 and self.serving.cfg.wide_buckets > 0
+                and bool(self.serving.calibration.familiar))
+
     def _status_line(self) -> str:
         t = self._trainer()
         return (f"step {t['step']}, version {self.serving.current.version}, alignment "
@@ -355,6 +365,7 @@ class Daemon(OpHandlers):
             self.metrics.queue_depth.set(self.queue_depth())
             self.metrics.trainer_up.set(1 if self.supervisor.alive() else 0)
             self.metrics.cache_entries.set(len(self.serving.cache))
+            self.metrics.wide_familiar.set(float(self._wide_familiar()))
             self.trust.tick()
             snap = await loop.run_in_executor(None, self.serving.load_published, self.store)
             if snap is not None:

@@ -21,6 +21,7 @@ import numpy as np
 
 from ..engine import Model, ModelConfig, source_batch
 from ..engine.infer import InferencePlan
+from ..engine.wide import NGRAM_END
 from ..online.calibration import platt_map
 
 
@@ -47,15 +48,34 @@ class Calibration:
     part z_deep: Platt scaling with the transformer's share, fitted by the trainer on the
     progressive-validation stream (gated.online.calibration) and swapped in by one
     reference assignment, like the weights. `allow_open`: whether the same stream backs
-    answering `allow` yet (gated.online.monitor `Monitor.allow_band_open`)."""
+    answering `allow` yet (gated.online.monitor `Monitor.allow_band_open`). `familiar`:
+    whether the wide path's byte n-grams are read scaled by their familiarity
+    (`ModelConfig.wide_familiarity`); the trainer turns it off while its wide learner
+    adapts to a drift alarm (`train.drift_wide_unscaled`), when the new policy's first
+    blocks are learned on n-grams the scaling would read less."""
 
     a: float = 1.0
     b: float = 0.0
     d: float = 0.0
     allow_open: bool = True
+    familiar: bool = True
 
     def __call__(self, z: np.ndarray, z_deep: np.ndarray | float = 0.0) -> np.ndarray:
         return platt_map(z, z_deep, self.a, self.b, self.d)
+
+    def as_list(self) -> list:
+        """What a published version stores (LMDB, the cluster's snapshot): `Calibration(
+        *as_list())` is this calibration again; a stored list without the later fields
+        takes their defaults."""
+        return [float(self.a), float(self.b), float(self.d), bool(self.allow_open),
+                bool(self.familiar)]
+
+    def reads(self, sources: dict) -> dict:
+        """`sources` (a `source_batch`) as this calibration has the model read them:
+        without where the n-grams end (so unscaled) while `familiar` is off."""
+        if self.familiar or NGRAM_END not in sources:
+            return sources
+        return {k: v for k, v in sources.items() if k != NGRAM_END}
 
     def of(self, z: np.ndarray, sources: dict, model: Model) -> np.ndarray:
         """Calibrated p_allow of logits `z` that `model` gave for `sources` (the wide
@@ -195,6 +215,7 @@ class Serving:
     def score_sources(self, sources: dict) -> tuple[np.ndarray, np.ndarray, Snapshot]:
         """`score_many` for a `source_batch` the caller already built."""
         snap, cal = self.current, self.calibration
+        sources = cal.reads(sources)
         z = snap.logits(sources)
         return z, cal.of(z, sources, snap.model), snap
 
@@ -224,7 +245,7 @@ class Serving:
     def explain(self, context: str, history: Sequence[str] | None = None,
                 max_len: int = 64) -> dict:
         snap, cal = self.current, self.calibration
-        src = source_batch([(context, history)], self.cfg)
+        src = cal.reads(source_batch([(context, history)], self.cfg))
         p_raw, reason = snap.model.predict_and_decode(src, max_len=max_len)
         if 0.0 < p_raw < 1.0:
             p = float(cal.of(np.array([np.log(p_raw) - np.log1p(-p_raw)]), src, snap.model)[0])

@@ -373,8 +373,11 @@ class Trainer(Control, GpuFallback, Publication, threading.Thread):
         what lets flint keep up with a gateway: most traffic is easy once learned.
         """
         s = self.settings
-        sources = source_batch([(e["context"], e["history"]) for e in fresh], self.model.cfg)
-        allow_open = bool(self.serving.calibration.allow_open)  # the band they are served
+        served = self.serving.calibration
+        allow_open = bool(served.allow_open)  # the band they are served
+        # read as serving reads them now (unscaled n-grams while adapting: `familiar`)
+        sources = served.reads(source_batch([(e["context"], e["history"]) for e in fresh],
+                                            self.model.cfg))
         z, p, snap = self.serving.score_sources(sources)
         z_deep = z - snap.model.wide_logit(sources)
         self.wide_path.learn(sources, z_deep, fresh, self._wide_replay)
@@ -405,9 +408,14 @@ class Trainer(Control, GpuFallback, Publication, threading.Thread):
         return hard
 
     def served_calibration(self) -> Calibration:
-        """What serving should apply now: the monitor's Platt map and whether its
-        progressive validation backs answering `allow` (`Monitor.allow_band_open`)."""
-        return Calibration(*self.monitor.calibrator.params, self.monitor.allow_band_open)
+        """What serving should apply now: the monitor's Platt map, whether its
+        progressive validation backs answering `allow` (`Monitor.allow_band_open`), and
+        whether the wide path's n-grams are read scaled by their familiarity: not while
+        its learner adapts to a drift alarm (`train.drift_wide_unscaled`)."""
+        learner = self.wide_path.learner
+        adapting = learner is not None and learner.contra_left > 0
+        return Calibration(*self.monitor.calibrator.params, self.monitor.allow_band_open,
+                           not (adapting and self.settings.drift_wide_unscaled))
 
     def _wide_replay(self, n: int) -> tuple[list[dict], dict]:
         """`n` examples from the replay reservoir for the wide path to learn again

@@ -171,8 +171,7 @@ class Publication:
         self.serving.swap(flat, version, step)
         cal = self.serving.calibration
         self.store.publish(version, host, step=step, keep=KEEP_VERSIONS,
-                           extra={"calibration": [float(cal.a), float(cal.b), float(cal.d),
-                                                  bool(cal.allow_open)]})
+                           extra={"calibration": cal.as_list()})
         self.status.version = version
         self.status.swaps += 1
         if judged:
