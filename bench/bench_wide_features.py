@@ -191,7 +191,7 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
            drift_contra: tuple[float, int, float] = (1.0, 0, 0.0),
            pair_history: int = 0, doubt: tuple[float, float] = NO_DOUBT,
            parts_at: int = 0, familiarity: float = 0.0,
-           unscaled_adapting: bool = False) -> dict:
+           unscaled_adapting: int = 0) -> dict:
     """One setting's run; `lag` > 1 scores each signal with weights that have not yet
     learned the previous `lag` - 1 (updates applied in groups of `lag`), as the daemon's
     trainer scores a step's arrivals with the weights published before them. `pair_rank`
@@ -237,8 +237,9 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
     term contradicts by more than the logits steps at the weight; off here by default,
     for the same reason), `familiarity` `ModelConfig.wide_familiarity` (the n-grams read
     scaled by their familiarity where a signal is scored or a probe asked; 0, off, here by
-    default, for the same reason; with `unscaled_adapting` read unscaled while the
-    learner's contradiction window is open, `train.drift_wide_unscaled`), `parts_at` > 0:
+    default, for the same reason; read unscaled while the first `unscaled_adapting` of
+    the learner's contradiction window's examples are learned,
+    `train.drift_wide_unscaled_examples`), `parts_at` > 0:
     at the probes after that many signals also each feature group's part of the probes'
     logits (wide_parts.py `parts_table`), `early_block` (`train.wide_early_block_weight`,
     `_signals`: a block label's weight at the first signal and the signal where it has
@@ -314,7 +315,7 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
 
     def z_of_one(f) -> float:
         # as the model decides: `familiar_values`, not while adapting with `unscaled_adapting`
-        unscaled = unscaled_adapting and wide.contra_left > 0
+        unscaled = wide.in_window_first(unscaled_adapting)
         return wide.logit(*f[:3], f[3], None if unscaled else f[4])
 
     for i in range(n):
@@ -503,10 +504,10 @@ def main() -> None:
                     help="score and probe with the n-grams read scaled by f ** POWER, f "
                          "their familiarity (ModelConfig.wide_familiarity; default 0, off, "
                          "as before it)")
-    ap.add_argument("--unscaled-adapting", action="store_true",
-                    help="with --familiarity: read the n-grams unscaled while the learner's "
-                         "contradiction window is open (train.drift_wide_unscaled; off by "
-                         "default, as before it)")
+    ap.add_argument("--unscaled-adapting", type=int, default=0, metavar="N",
+                    help="with --familiarity: read the n-grams unscaled while the first N "
+                         "examples of the learner's contradiction window are learned "
+                         "(train.drift_wide_unscaled_examples; default 0, off, as before it)")
     ap.add_argument("--doubt", default="1:0", metavar="WEIGHT:LOGITS",
                     help="a second look whose label is still the gate's 'allow' while the "
                          "pair term says 'block' by more than LOGITS steps at WEIGHT "

@@ -203,11 +203,12 @@ def test_a_call_of_ngrams_mostly_never_learned_is_judged_by_its_other_features()
 
 
 def test_serving_reads_the_ngrams_unscaled_while_the_trainer_adapts_to_a_drift(tmp_path):
-    """While the trainer's wide learner adapts to a drift alarm (its contradiction window
-    open), the calibration it publishes turns the scaling off: serving's predictions and
-    explanations then read the n-grams as a model without the scaling does, and a second
-    server loading the published version reads them so too. Unscaled only with
-    `train.drift_wide_unscaled` (hot), and scaled again once the window closes."""
+    """For the first `train.drift_wide_unscaled_examples` examples the trainer's wide
+    learner learns after a drift alarm (its contradiction window open), the calibration it
+    publishes turns the scaling off: serving's predictions and explanations then read the
+    n-grams as a model without the scaling does, and a second server loading the
+    published version reads them so too. 0 (hot) never; scaled again after them, though
+    the window is still open."""
     model, _ = _half_learned_model(1, seed=5, power=8.0)
     flat = model.flat.astype(np.float32)
     store = Store(str(tmp_path))
@@ -218,7 +219,9 @@ def test_serving_reads_the_ngrams_unscaled_while_the_trainer_adapts_to_a_drift(t
     want = plain.score_many(ITEMS)[0]
     assert np.abs(scaled - want).max() > 1e-2  # the scaling moves these logits
     assert trainer.served_calibration().familiar
-    trainer.wide_path.learner.relax_contradicted(0.1, 2, 0.0)  # as `on_drift` opens it
+    trainer.settings = dataclasses.replace(TrainConfig(), drift_wide_unscaled_examples=2)
+    learner = trainer.wide_path.learner
+    learner.relax_contradicted(0.1, 3, 0.0)  # as `on_drift` opens it
     cal = trainer.served_calibration()
     assert not cal.familiar and Calibration(*cal.as_list()) == cal
     assert Calibration(*cal.as_list()[:4]).familiar  # stored before the field: scaled
@@ -232,11 +235,13 @@ def test_serving_reads_the_ngrams_unscaled_while_the_trainer_adapts_to_a_drift(t
     other = Serving(model.cfg, flat, 0, 0)
     assert other.load_published(store) is not None and not other.calibration.familiar
     np.testing.assert_allclose(other.score_many(ITEMS)[0], want, rtol=1e-5, atol=1e-6)
-    trainer.settings = dataclasses.replace(trainer.settings, drift_wide_unscaled=False)
+    trainer.settings = dataclasses.replace(trainer.settings, drift_wide_unscaled_examples=0)
     assert trainer.served_calibration().familiar
-    trainer.settings = TrainConfig()
+    trainer.settings = dataclasses.replace(trainer.settings, drift_wide_unscaled_examples=2)
     row = source_batch(ITEMS[:1], model.cfg)
-    for _ in range(2):  # the window's two examples, learned
-        trainer.wide_path.learner.learn(row["wide_idx"][0], row["wide_val"][0], 0.0, 0.0, 1.0,
-                                        tuple(row[key][0] for key in PAIR_KEYS))
-    assert trainer.wide_path.learner.contra_left == 0 and trainer.served_calibration().familiar
+    for left in (2, 1):  # the window's first two examples, learned: scaled after them
+        assert not trainer.served_calibration().familiar
+        learner.learn(row["wide_idx"][0], row["wide_val"][0], 0.0, 0.0, 1.0,
+                      tuple(row[key][0] for key in PAIR_KEYS))
+        assert learner.contra_left == left
+    assert trainer.served_calibration().familiar  # the window still open, its first 2 done

@@ -257,14 +257,12 @@ class TrainConfig:
                                            "be on the other side of a label for "
                                            "drift_wide_contra_relax to act on it (0: any "
                                            "contradiction)", hot=True, lo=0.0, hi=100.0)
-    drift_wide_unscaled: bool = _opt(True, "while the wide path adapts to a drift alarm "
-                                     "(its drift_wide_contra_examples window), decisions "
-                                     "read its byte n-grams unscaled, not by their "
-                                     "familiarity (model.wide_familiarity): the new "
-                                     "policy's first blocks are learned on n-grams the "
-                                     "scaling would read less (measured: block recall 100 "
-                                     "signals into a change as without the scaling)",
-                                     hot=True)
+    drift_wide_unscaled_examples: int = _opt(
+        100, "after a drift alarm, until the wide path has learned this many "
+        "examples of its drift_wide_contra_examples window, decisions read its byte n-grams "
+        "unscaled, not by their familiarity (model.wide_familiarity): the new policy's "
+        "first blocks are learned on n-grams the scaling would read less; 0 = always "
+        "scaled (docs/learning.md, 'Unscaled while adapting')", hot=True, lo=0, hi=1_000_000)
     drift_wide_bag_all: int = _opt(500, "after a detected drift every member of the wide "
                                    "path's bag learns this many examples at least once (a "
                                    "draw of 0 counts as 1), so no member holds the bag's "

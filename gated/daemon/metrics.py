@@ -190,8 +190,9 @@ class Metrics:
         self.wide_familiar = Gauge("gated_wide_familiar", "1 when serving reads the wide "
                                    "path's byte n-grams scaled by their familiarity "
                                    "(model.wide_familiarity > 0); 0 while the trainer's wide "
-                                   "path adapts to a drift alarm (train.drift_wide_unscaled) "
-                                   "or without the scaling", registry=r)
+                                   "path adapts to a drift alarm "
+                                   "(train.drift_wide_unscaled_examples) or without the "
+                                   "scaling", registry=r)
         self.replay_dropped = Counter("gated_replay_dropped", "Replay examples dropped "
                                       "because a detected drift made their labels stale",
                                       registry=r)

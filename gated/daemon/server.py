@@ -163,7 +163,7 @@ class Daemon(OpHandlers):
             # back an allow yet (train.allow_band_after, train.allow_band_drift_hold)
             "allow_band_open": bool(self.serving.calibration.allow_open),
             # the wide path's n-grams read by their familiarity (not while the trainer
-            # adapts to a drift alarm: train.drift_wide_unscaled)
+            # adapts to a drift alarm: train.drift_wide_unscaled_examples)
             "wide_familiar": self._wide_familiar(),
             "backend": backend, "device": device, "preset": self.cfg.daemon.preset,
             "params": self.num_params, "uptime_s": time.time() - self.started,

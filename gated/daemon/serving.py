@@ -51,8 +51,8 @@ class Calibration:
     answering `allow` yet (gated.online.monitor `Monitor.allow_band_open`). `familiar`:
     whether the wide path's byte n-grams are read scaled by their familiarity
     (`ModelConfig.wide_familiarity`); the trainer turns it off while its wide learner
-    adapts to a drift alarm (`train.drift_wide_unscaled`), when the new policy's first
-    blocks are learned on n-grams the scaling would read less."""
+    adapts to a drift alarm (`train.drift_wide_unscaled_examples`), when the new policy's
+    first blocks are learned on n-grams the scaling would read less."""
 
     a: float = 1.0
     b: float = 0.0

@@ -77,6 +77,7 @@ class WideAdaGrad:
         #: already (`relax_contradicted`)
         self.contra_left, self.contra_factor, self.contra_margin = 0, 1.0, 0.0
         self.contra_done: set[int] = set()
+        self.contra_examples = 0  # the window's length when it opened
 
     @classmethod
     def for_model(cls, model, accum_flat, **kw) -> WideAdaGrad | WideBag:
@@ -293,6 +294,12 @@ class WideAdaGrad:
         `learn_all_for`): a restart inside the window ends it."""
         self.contra_left, self.contra_factor = max(0, int(examples)), float(factor)
         self.contra_margin, self.contra_done = float(margin), set()
+        self.contra_examples = self.contra_left
+
+    def in_window_first(self, n: int) -> bool:
+        """Whether the contradiction window is open and fewer than `n` of its examples
+        are learned yet (`train.drift_wide_unscaled_examples`)."""
+        return self.contra_left > 0 and self.contra_examples - self.contra_left < n
 
     def _relax_if_contradicted(self, st: dict, label: float) -> None:
         """One example of `relax_contradicted`'s window: `st` is its `_gradient`."""
@@ -356,6 +363,10 @@ class WideBag:
                           lambda self, v: self._set("pair_first", v))
     #: the contradiction window's examples left (member 0's: it learns every example)
     contra_left = property(lambda self: self.learners[0].contra_left)
+
+    def in_window_first(self, n: int) -> bool:
+        """`WideAdaGrad.in_window_first` of member 0 (it learns every example)."""
+        return self.learners[0].in_window_first(n)
 
     def learn_all_for(self, examples: int) -> None:
         """After a drift alarm: the next `examples` learned (signals, their second looks,

@@ -411,11 +411,13 @@ class Trainer(Control, GpuFallback, Publication, threading.Thread):
         """What serving should apply now: the monitor's Platt map, whether its
         progressive validation backs answering `allow` (`Monitor.allow_band_open`), and
         whether the wide path's n-grams are read scaled by their familiarity: not while
-        its learner adapts to a drift alarm (`train.drift_wide_unscaled`)."""
+        its learner adapts to a drift alarm (the first
+        `train.drift_wide_unscaled_examples` of its contradiction window)."""
         learner = self.wide_path.learner
-        adapting = learner is not None and learner.contra_left > 0
+        unscaled = learner is not None and learner.in_window_first(
+            self.settings.drift_wide_unscaled_examples)
         return Calibration(*self.monitor.calibrator.params, self.monitor.allow_band_open,
-                           not (adapting and self.settings.drift_wide_unscaled))
+                           not unscaled)
 
     def _wide_replay(self, n: int) -> tuple[list[dict], dict]:
         """`n` examples from the replay reservoir for the wide path to learn again
