@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_learning import VARIANTS, setting_value  # noqa: E402
+from bench_learning import VARIANTS, field_overrides  # noqa: E402
 
 from gated.engine import AdamW, Model, ModelConfig, build_batch, source_batch, train_step  # noqa: E402
 from gated.traffic import GatewayTraffic  # noqa: E402
@@ -70,18 +70,7 @@ def _accuracy(model: Model, events, cfg: ModelConfig, with_history: bool) -> flo
 
 def model_overrides(pairs: list[str]) -> dict:
     """`--model KEY=VALUE` pairs as ModelConfig overrides, each value of its field's type."""
-    fields = {f.name for f in dataclasses.fields(ModelConfig)}
-    out = {}
-    for pair in pairs:
-        key, sep, text = pair.partition("=")
-        if not sep or key not in fields:
-            raise SystemExit(f"--model: {pair!r} is not KEY=VALUE of a ModelConfig field")
-        kind = type(getattr(ModelConfig(), key))
-        try:
-            out[key] = setting_value(kind, text, "--model")
-        except ValueError:
-            raise SystemExit(f"--model: {text!r} is not a {kind.__name__} for {key}") from None
-    return out
+    return field_overrides(ModelConfig, pairs, "--model")
 
 
 def run(preset: str, variant: str, n_train: int, n_test: int, epochs: int, lr: float,

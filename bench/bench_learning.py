@@ -316,11 +316,10 @@ def run(preset: str, lr: float, rate: float, n_signals: int, switch_at: int, see
                 deep_mean = float(np.mean([d for _, d, _ in parts[-CHECK_EVERY:]]))
 
                 def scored_parts(items, deep_mean=deep_mean):
-                    # read as serving reads them (unscaled n-grams while adapting)
-                    sources = serving.calibration.reads(source_batch(items, cfg))
-                    z, p, snap = serving.score_sources(sources)  # = predict_many's p
-                    return (p, z, z - snap.model.wide_logit(sources), deep_mean,
-                            trainer.model.wide_logit(sources))
+                    # read as serving reads them (unscaled n-grams while adapting); p is
+                    # predict_many's
+                    s = serving.score_parts(source_batch(items, cfg))
+                    return (s.p, s.z, s.z_deep, deep_mean, trainer.model.wide_logit(s.sources))
                 pr_g = probe.evaluate(lambda items: serving.predict_many(items)[0],
                                       scored_parts)
                 pr_a = probe.evaluate(lambda items: [anchor.predict_proba(anchor_text(c, h))
@@ -425,7 +424,26 @@ def setting_value(kind: type, text: str, option: str = "--set"):
         if text.lower() not in ("true", "false", "1", "0"):
             raise SystemExit(f"{option}: {text!r} is not true or false")
         return text.lower() in ("true", "1")
-    return kind(text)
+    try:
+        return kind(text)
+    except ValueError:
+        raise SystemExit(f"{option}: {text!r} is not of type {kind.__name__}") from None
+
+
+def field_overrides(config: type, pairs: list[str], option: str) -> dict:
+    """`option KEY=VALUE` pairs as overrides of the dataclass `config`, each value of its
+    field's type; a clear exit, not a traceback, for a pair without `=`, a key that is not
+    a field, or a value of the wrong type."""
+    default = config()
+    fields = {f.name for f in dataclasses.fields(config)}
+    out = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep or key not in fields:
+            raise SystemExit(f"{option}: {pair!r} is not KEY=VALUE of a {config.__name__} "
+                             "field")
+        out[key] = setting_value(type(getattr(default, key)), text, f"{option} {key}")
+    return out
 
 
 def _paired(g: list[tuple[float, bool]], a: list[tuple[float, bool]]) -> dict[str, int]:
@@ -471,8 +489,7 @@ def main() -> None:
     ap.add_argument("--section", default=None, help="heading suffix for docs/benchmarks.md")
     a = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda _signum, _frame: STOP.set())
-    types = {f.name: type(getattr(TrainConfig(), f.name)) for f in dataclasses.fields(TrainConfig)}
-    overrides = {k: setting_value(types[k], v) for k, v in (kv.split("=", 1) for kv in a.set)}
+    overrides = field_overrides(TrainConfig, a.set, "--set")  # [train] settings
     machine = (f"{platform.machine()}, {len(os.sched_getaffinity(0))} cores, Python "
                f"{platform.python_version()}, numpy {np.__version__}"
                + ("" if a.backend == "numpy" else f", engine on {_gpu_name()} (cupy)"))

@@ -10,12 +10,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from gated.config import TrainConfig
 from gated.engine import ModelConfig, source_batch
 from gated.traffic import GatewayTraffic
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 
 import bench_encoding  # noqa: E402
+import bench_learning  # noqa: E402
 
 
 def test_model_overrides_take_each_fields_type_and_refuse_what_is_not_a_field():
@@ -29,6 +31,19 @@ def test_model_overrides_take_each_fields_type_and_refuse_what_is_not_a_field():
                 ["wide_pair_block_only=maybe"]):
         with pytest.raises(SystemExit):
             bench_encoding.model_overrides(bad)
+
+
+def test_bench_learnings_set_takes_train_settings_and_exits_clearly_on_the_rest(capsys):
+    """`bench_learning.py --set` (the same parser): a [train] setting of its field's type;
+    a wrong one ends the run with the option's message, not a ValueError's traceback."""
+    got = bench_learning.field_overrides(
+        TrainConfig, ["warmup_steps=5", "drift_wide_unscaled_examples=0", "lr=3e-4"], "--set")
+    assert got == {"warmup_steps": 5, "drift_wide_unscaled_examples": 0, "lr": 3e-4}
+    assert isinstance(got["warmup_steps"], int) and isinstance(got["lr"], float)
+    for bad, said in ((["warmup_steps=x"], "'x' is not of type int"),
+                      (["warmup_steps"], "KEY=VALUE"), (["d_model=64"], "TrainConfig field")):
+        with pytest.raises(SystemExit, match=said):
+            bench_learning.field_overrides(TrainConfig, bad, "--set")
 
 
 def test_the_call_alone_reads_no_history():

@@ -245,3 +245,22 @@ def test_serving_reads_the_ngrams_unscaled_while_the_trainer_adapts_to_a_drift(t
                       tuple(row[key][0] for key in PAIR_KEYS))
         assert learner.contra_left == left
     assert trainer.served_calibration().familiar  # the window still open, its first 2 done
+
+
+@pytest.mark.parametrize("familiar", [True, False])
+def test_score_parts_is_what_serving_answers_with_the_wide_share_computed_once(familiar):
+    """The trainer's progressive validation (and the benchmark's probes) score through
+    `Serving.score_parts`: the same logits and calibrated p as a prediction, for the batch
+    as the calibration reads it, and the transformer's part of each logit beside them."""
+    model, _ = _half_learned_model(2, seed=5, power=8.0)
+    serving = Serving(model.cfg, model.flat.astype(np.float32), 1, 0)
+    serving.calibration = Calibration(1.3, -0.2, 0.4, True, familiar)  # d != 0: uses z_deep
+    batch = source_batch(ITEMS, model.cfg)
+    got = serving.score_parts(batch)
+    z, p, snap = serving.score_sources(batch)
+    np.testing.assert_array_equal(got.z, z)
+    np.testing.assert_array_equal(got.p, p)
+    assert got.snapshot is snap and (NGRAM_END in got.sources) == familiar
+    np.testing.assert_array_equal(got.z_deep, z - snap.model.wide_logit(got.sources))
+    assert np.abs(got.z - got.z_deep).max() > 1e-2  # the wide share is not nothing here
+    np.testing.assert_array_equal(got.p, serving.calibration(z, got.z_deep))

@@ -16,6 +16,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -77,12 +78,26 @@ class Calibration:
             return sources
         return {k: v for k, v in sources.items() if k != NGRAM_END}
 
-    def of(self, z: np.ndarray, sources: dict, model: Model) -> np.ndarray:
+    def of(self, z: np.ndarray, sources: dict, model: Model,
+           z_deep: np.ndarray | None = None) -> np.ndarray:
         """Calibrated p_allow of logits `z` that `model` gave for `sources` (the wide
-        part, a sparse dot, is subtracted only when the transformer's share is in use)."""
+        part, a sparse dot, is subtracted only when the transformer's share is in use;
+        `z_deep`, where the caller has it already, saves computing it again)."""
         if not self.d or "wide.w" not in model.params:  # without a wide path: all deep, d 0
             return self(z)
-        return self(z, np.asarray(z, np.float64) - model.wide_logit(sources))
+        if z_deep is None:
+            z_deep = np.asarray(z, np.float64) - model.wide_logit(sources)
+        return self(z, z_deep)
+
+
+class Scored(NamedTuple):
+    """A batch scored as serving scores it, with the parts the trainer learns from."""
+
+    z: np.ndarray  # raw gate logits (float64)
+    z_deep: np.ndarray  # their transformer part: z minus the wide path's share
+    p: np.ndarray  # calibrated p_allow, as `predict` answers
+    snapshot: Snapshot  # the version that scored them
+    sources: dict  # the batch as that calibration reads it (`Calibration.reads`)
 
 
 @dataclass(frozen=True)
@@ -218,6 +233,17 @@ class Serving:
         sources = cal.reads(sources)
         z = snap.logits(sources)
         return z, cal.of(z, sources, snap.model), snap
+
+    def score_parts(self, sources: dict) -> Scored:
+        """`score_sources` with the transformer's part of each logit, the wide path's share
+        computed once for both (the trainer's progressive validation and what its wide
+        learner learns from; the benchmark's probes). Predictions use `score_sources`,
+        which computes that share only when the calibration uses it."""
+        snap, cal = self.current, self.calibration
+        sources = cal.reads(sources)
+        z = snap.logits(sources)
+        z_deep = z - snap.model.wide_logit(sources)
+        return Scored(z, z_deep, cal.of(z, sources, snap.model, z_deep), snap, sources)
 
     def predict_many(self, items: Sequence[tuple[str, Sequence[str] | None]]
                      ) -> tuple[np.ndarray, Snapshot]:

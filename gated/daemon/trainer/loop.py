@@ -373,14 +373,12 @@ class Trainer(Control, GpuFallback, Publication, threading.Thread):
         what lets flint keep up with a gateway: most traffic is easy once learned.
         """
         s = self.settings
-        served = self.serving.calibration
-        allow_open = bool(served.allow_open)  # the band they are served
+        allow_open = bool(self.serving.calibration.allow_open)  # the band they are served
         # read as serving reads them now (unscaled n-grams while adapting: `familiar`)
-        sources = served.reads(source_batch([(e["context"], e["history"]) for e in fresh],
-                                            self.model.cfg))
-        z, p, snap = self.serving.score_sources(sources)
-        z_deep = z - snap.model.wide_logit(sources)
-        self.wide_path.learn(sources, z_deep, fresh, self._wide_replay)
+        scored = self.serving.score_parts(
+            source_batch([(e["context"], e["history"]) for e in fresh], self.model.cfg))
+        z, p, z_deep = scored.z, scored.p, scored.z_deep
+        self.wide_path.learn(scored.sources, z_deep, fresh, self._wide_replay)
         hard: list[tuple[float, dict]] = []
         for zi, pi, zdi, ex in zip(z, p, z_deep, fresh, strict=True):
             self.last_scores.append((ex["seq"], float(pi), float(zi), float(zdi), allow_open))
