@@ -76,12 +76,16 @@ def cpu_seconds(pid: int | None) -> float:
 
 class Watch(threading.Thread):
     """`status` every `every` seconds on its own connection: (t, queue depth, trainer step,
-    serving version, swaps)."""
+    serving version, swaps); and the trainer's drift alarms, each as the trainer's position
+    in the stream (its last trained signal's seq) when `status` first counted it, and how
+    many were withdrawn."""
 
     def __init__(self, sock: str, t0: float, every: float = 1.0) -> None:
         super().__init__(daemon=True)
         self.sock, self.t0, self.every = sock, t0, every
         self.samples: list[tuple[float, int, int, int, int]] = []
+        self.alarms: list[int] = []
+        self.withdrawn = 0
         self.stop = threading.Event()
 
     def run(self) -> None:
@@ -90,6 +94,10 @@ class Watch(threading.Thread):
                 s = c.status()
                 self.samples.append((time.monotonic() - self.t0, s["queue_depth"], s["step"],
                                      s["version"], s["swaps"]))
+                learning = s.get("learning") or {}
+                new = int(learning.get("drift_detections", 0)) - len(self.alarms)
+                self.alarms += [int(s["last_trained_seq"])] * max(0, new)
+                self.withdrawn = int(learning.get("drift_withdrawn", self.withdrawn))
 
     def latest(self) -> tuple[float, int, int, int, int]:
         return self.samples[-1] if self.samples else (0.0, 0, 0, 0, 0)
@@ -264,6 +272,7 @@ def run(a: argparse.Namespace, tmp: Path) -> dict:
             "late_at": late_at, "cpu": cpu, "stopped": stopped,
             "queue_max": max(during, default=0), "queue_end": during[-1] if during else 0,
             "steps": watch.latest()[2], "swaps": watch.latest()[4], "sources": sources,
+            "alarms": watch.alarms, "withdrawn": watch.withdrawn,
             "latency": np.array(latency),
             "probing": np.array(probing, dtype=bool), "acks": np.array(acks),
             "ece": expected_calibration_error(p, y),
@@ -321,6 +330,9 @@ def summary(r: dict, switch_at: int, rate: float) -> list[str]:
            else "not drained in the wait")
         + f"; {r['steps']} trainer steps, {r['swaps']} swaps; SIGTERM: exit "
         f"{r['stopped'][0]} after {r['stopped'][1]:.1f} s",
+        "- drift alarms, at the trainer's position in the stream when `status` (asked every "
+        "second) first counted each: " + (", ".join(f"{a:,}" for a in r["alarms"]) or "none")
+        + f" (the change at {switch_at:,}); withdrawn {r['withdrawn']}",
         f"- CPU seconds over the stream: trainer {trainer_cpu:.0f} ({trainer_cpu / r['end_s']:.2f}"
         f" of a core), serving process {serving_cpu:.0f} ({serving_cpu / r['end_s']:.2f}), "
         f"this client and its anchor {client_cpu:.0f} ({client_cpu / r['end_s']:.2f})",

@@ -45,4 +45,11 @@ def test_a_short_live_stream_is_scored_and_fully_taken_in(tmp_path):
     # ... and the daemon's trainer took in the last of them after the stream
     assert re.search(r"at the stream's end, 0 \d+ s later", out), out
     assert re.search(r"SIGTERM: exit 0 after", out), out
+    # the drift alarms as the daemon's status counted them, each inside the stream
+    alarms = re.search(r"drift alarms, .*?: (none|[\d,]+(?:, [\d,]+)*) \(the change at 450\); "
+                       r"withdrawn (\d+)", out)
+    assert alarms is not None, out
+    at = [] if alarms.group(1) == "none" else [int(x.replace(",", ""))
+                                               for x in alarms.group(1).split(", ")]
+    assert all(0 < a <= signals for a in at) and int(alarms.group(2)) <= len(at), out
     assert re.search(r"CPU seconds over the stream: trainer \d+", out)
