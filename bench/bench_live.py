@@ -14,7 +14,8 @@ label, beside the anchor (bench/anchor.py's online hashed n-gram logistic regres
 predict-then-learn on the same signals, in this process).
 
 Every second a `status` records the daemon's queue (signals acknowledged, not trained
-on); at every 500 ordinary signals a checkpoint row, and the probes (held-out values, the
+on) and its trainer's drift alarms (where in the stream the trainer was when one was
+first counted, and how many were withdrawn); at every 500 ordinary signals a checkpoint row, and the probes (held-out values, the
 history rule: bench_learning.Probes) are asked through `predict` on a second connection
 while the stream goes on. Reported: the rows, when >= 0.95 is first reached and regained
 after the change, the queue (does the trainer keep up?), predict latency as the gateway
