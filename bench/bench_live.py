@@ -13,14 +13,15 @@ answer (rule, override memory or model, whatever answered) is scored against the
 label, beside the anchor (bench/anchor.py's online hashed n-gram logistic regression,
 predict-then-learn on the same signals, in this process).
 
-Every second a `status` records the daemon's queue (signals acknowledged, not trained
-on) and its trainer's drift alarms (where in the stream the trainer was when one was
-first counted, and how many were withdrawn); at every 500 ordinary signals a checkpoint row, and the probes (held-out values, the
-history rule: bench_learning.Probes) are asked through `predict` on a second connection
-while the stream goes on. Reported: the rows, when >= 0.95 is first reached and regained
-after the change, the queue (does the trainer keep up?), predict latency as the gateway
-saw it, calibration against TRUE, and the CPU seconds of the trainer, of serving and of
-this client (which shares the cores with the daemon, as a gateway on the same host would).
+Every second a `status` records the daemon's queue (signals acknowledged, not trained on)
+and its trainer's drift alarms (where in the stream the trainer was when one was first
+counted, and how many were withdrawn); at every 500 ordinary signals a checkpoint row,
+and the probes (held-out values, the history rule: bench_learning.Probes) are asked
+through `predict` on a second connection while the stream goes on. Reported: the rows,
+when >= 0.95 is first reached and regained after the change, the queue (does the trainer
+keep up?), predict latency as the gateway saw it, calibration against TRUE, and the CPU
+seconds of the trainer, of serving and of this client (which shares the cores with the
+daemon, as a gateway on the same host would).
 
     .venv/bin/python bench/bench_live.py --signals 12000 --switch-at 4000 --write
 
