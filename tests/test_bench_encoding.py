@@ -33,7 +33,7 @@ def test_model_overrides_take_each_fields_type_and_refuse_what_is_not_a_field():
             bench_encoding.model_overrides(bad)
 
 
-def test_bench_learnings_set_takes_train_settings_and_exits_clearly_on_the_rest(capsys):
+def test_bench_learnings_set_takes_train_settings_and_exits_clearly_on_the_rest():
     """`bench_learning.py --set` (the same parser): a [train] setting of its field's type;
     a wrong one ends the run with the option's message, not a ValueError's traceback."""
     got = bench_learning.field_overrides(
