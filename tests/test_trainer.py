@@ -323,9 +323,10 @@ def test_the_wide_path_weighs_early_blocks_up_in_first_and_second_looks(tmp_path
     seen: list[tuple[float, float]] = []
     learn = trainer.wide_path.learner.learn
 
-    def spy(idx, val, z_rest, label, weight, pair=None, pair_hold=0.0, doubt=NO_DOUBT):
+    def spy(idx, val, z_rest, label, weight, pair=None, pair_hold=0.0, doubt=NO_DOUBT,
+            novel_at=-1):
         seen.append((label, weight))
-        return learn(idx, val, z_rest, label, weight, pair, pair_hold, doubt)
+        return learn(idx, val, z_rest, label, weight, pair, pair_hold, doubt, novel_at)
 
     trainer.wide_path.learner.learn = spy
     trainer.monitor.calibrator.burn_in = 0  # keep every calibration pair here
@@ -363,11 +364,12 @@ def test_the_wide_path_takes_a_second_look_at_each_signal_under_its_corrected_la
     doubts: list[tuple[float, float]] = []
     learn, rows = trainer.wide_path.learner.learn, {}
 
-    def spy(idx, val, z_rest, label, weight, pair=None, pair_hold=0.0, doubt=NO_DOUBT):
+    def spy(idx, val, z_rest, label, weight, pair=None, pair_hold=0.0, doubt=NO_DOUBT,
+            novel_at=-1):
         seen.append((rows.get(float(np.sum(val)), "?"), label, weight))
         holds.append(pair_hold)
         doubts.append(doubt)
-        return learn(idx, val, z_rest, label, weight, pair, pair_hold, doubt)
+        return learn(idx, val, z_rest, label, weight, pair, pair_hold, doubt, novel_at)
 
     trainer.wide_path.learner.learn = spy
     calls = ['email.send {"to": "x@ext.example"}', "ls a", "ls bb", "ls ccc"]
@@ -407,9 +409,10 @@ def test_an_uncorrected_second_look_gets_the_doubt_and_a_corrected_one_does_not(
     looks: list[tuple[float, tuple[float, float]]] = []
     learn = trainer.wide_path.learner.learn
 
-    def spy(idx, val, z_rest, label, weight, pair=None, pair_hold=0.0, doubt=NO_DOUBT):
+    def spy(idx, val, z_rest, label, weight, pair=None, pair_hold=0.0, doubt=NO_DOUBT,
+            novel_at=-1):
         looks.append((label, doubt))
-        return learn(idx, val, z_rest, label, weight, pair, pair_hold, doubt)
+        return learn(idx, val, z_rest, label, weight, pair, pair_hold, doubt, novel_at)
 
     trainer.wide_path.learner.learn = spy
     store.append_signals([_sig("ls a", "allow"),  # 1: the gate's allow, never corrected

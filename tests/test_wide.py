@@ -89,7 +89,8 @@ def test_wide_bias_zero_drops_the_bias_feature_and_keeps_the_rest():
     batch = source_batch([("fs.read {}", None)], none)
     assert BIAS_BUCKET not in batch["wide_idx"][0][batch["wide_val"][0] != 0]
     old = {k: v for k, v in dataclasses.asdict(flint).items()
-           if k not in ("wide_bias", "wide_familiarity")}  # wide_familiarity 0: as before it
+           if k not in ("wide_bias", "wide_familiarity",  # wide_familiarity 0 and no
+                        "wide_novel_destinations")}  # first-seen mark: as before them
     assert flint.fingerprint() == hashlib.blake2b(json.dumps(old, sort_keys=True).encode(),
                                                   digest_size=12).hexdigest()
     assert none.fingerprint() != flint.fingerprint()
@@ -994,7 +995,8 @@ def test_the_pair_term_reads_only_its_window_of_the_history():
     np.testing.assert_array_equal(cut["wide_pc_idx"][0], whole["wide_pc_idx"][0][:-1])
     before = dataclasses.replace(flint, wide_pair_history=0)
     old = {k: v for k, v in dataclasses.asdict(before).items()
-           if k not in ("wide_pair_history", "wide_bias", "wide_familiarity")}  # as before
+           if k not in ("wide_pair_history", "wide_bias", "wide_familiarity",
+                        "wide_novel_destinations")}  # as before
     assert before.fingerprint() == hashlib.blake2b(json.dumps(old, sort_keys=True).encode(),
                                                    digest_size=12).hexdigest()
     assert flint.fingerprint() != before.fingerprint()

@@ -14,7 +14,8 @@ from dataclasses import asdict, dataclass
 #: that code behaved as: at that value the field does not enter `ModelConfig.fingerprint`
 #: (a field that changes what the weights mean at its default is not listed: its states
 #: need `gated run --reinit`, docs/operations.md).
-FINGERPRINT_AS_BEFORE: dict[str, object] = {"wide_bias": 1.0, "wide_pair_history": 0}
+FINGERPRINT_AS_BEFORE: dict[str, object] = {"wide_bias": 1.0, "wide_pair_history": 0,
+                                             "wide_novel_destinations": 0.0}
 #: Fields that say how the weights are read, not what they hold or their shape: never in
 #: the fingerprint, so a state stored at another value (or before the field existed)
 #: loads and is read the new way (`wide_familiarity`: each weight means what it meant;
@@ -122,6 +123,13 @@ class ModelConfig:
     #: `call_destination`), whatever its tool or method: an allow list works by domain
     #: (0 = none; docs/learning.md, "A domain key").
     wide_call_domains: float = 0.3
+    #: ... and, after that key, a key ``d|novel`` of this value on a call whose domain
+    #: the reading member has not learned yet (its domain key's weight still 0;
+    #: engine/wide_logit.py `novel_values`): under an allow list, a destination never
+    #: seen is what an unseen outside host shares with the blocked ones the stream showed,
+    #: while its own domain key says nothing (0 = none, the default until measured on
+    #: more seeds; docs/learning.md, "A first-seen destination"). Needs the domain key.
+    wide_novel_destinations: float = 0.0
     #: ... and a key of this value on the pair term's call side when the call can carry
     #: data out (engine/known_names.py `egress_call`: an HTTP body, mail, an upload), so
     #: the channels share what they learn about the history (0 = none; docs/learning.md).
@@ -230,9 +238,12 @@ class ModelConfig:
                      "wide_path_places", "wide_call_domains", "wide_egress_calls",
                      "wide_pair_destination", "wide_pair_rank",
                      "wide_pair_buckets", "wide_pair_init", "wide_pair_pool", "wide_pair_veto",
-                     "wide_pair_history", "wide_familiarity"):
+                     "wide_pair_history", "wide_familiarity", "wide_novel_destinations"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.wide_novel_destinations and not self.wide_call_domains:
+            raise ValueError("wide_novel_destinations needs wide_call_domains > 0: a "
+                             "destination counts as learned by its domain key's weight")
         if self.wide_members < 1:
             raise ValueError(f"wide_members must be >= 1, got {self.wide_members}")
         if self.wide_pair_rank and self.wide_pair_buckets < 2:

@@ -17,12 +17,12 @@ from .config import ModelConfig
 from .layout import decay_mask, init_flat, num_params, param_layout, views
 from .ops_numpy import NumpyOps
 from .tokenizer import BOS, EOS, PAD, decode_bytes
-from .wide import MAX_STRUCTURED, NGRAM_END, PAIR_KEYS, wide_feature_keys
+from .wide import MAX_STRUCTURED, PAIR_KEYS, wide_feature_keys
 from .wide_logit import (
-    familiar_values,
     familiarity_of,
     member_offsets,
     pair_logit,
+    read_values,
     shifted,
     veto_combine,
     wide_logit_host,
@@ -200,7 +200,8 @@ class Model:
         n-grams and the structured features, the call x history pair term `pair_logit`):
         their sum, or with `wide_pair_veto` the history as a veto; with
         `wide_pair_block_only` the pair term bounded to speak only for "block"; with
-        `wide_familiarity` the n-grams' values read by `familiar_values`."""
+        `wide_familiarity` the n-grams' values read by `familiar_values`, with
+        `wide_novel_destinations` the first-seen mark by `novel_values`."""
         ops, xp, P = self.ops, self.ops.xp, self.params
         p_call, d_call = ops.mean_pool(enc, call_mask)
         p_hist, d_hist = ops.mean_pool(enc, hist_mask)
@@ -212,10 +213,9 @@ class Model:
             # the path's own logit), each member's tables at its offsets
             w_all, z_wide, sides = wide_table(P, "wide.w"), 0.0, []
             for o_w, o_c, o_h in member_offsets(self.cfg):
-                w_m, val, pair = w_all[shifted(wide["wide_idx"], o_w)], wide["wide_val"], None
-                if NGRAM_END in wide:  # the n-grams read scaled by their familiarity
-                    val = familiar_values(w_m, val, wide[NGRAM_END],
-                                          *familiarity_of(self.cfg), xp)
+                w_m, pair = w_all[shifted(wide["wide_idx"], o_w)], None
+                # the n-grams read by their familiarity, the first-seen mark by the domain
+                val = read_values(w_m, wide["wide_val"], wide, familiarity_of(self.cfg), xp)
                 z_m = (w_m * val).sum(axis=1)
                 if PAIR_KEYS[0] in wide:
                     c_idx, c_val, h_idx, h_val, h_grp = (wide[k] for k in PAIR_KEYS)
@@ -254,14 +254,14 @@ class Model:
         return src, seg, self._wide_inputs(batch)
 
     def _wide_inputs(self, batch: dict[str, Any]) -> dict | None:
-        """The wide path's features of a batch on the backend (bucket ids and the history
-        keys' entry numbers as integers, values in the model's dtype), or None when the
-        model or the batch has none."""
+        """The wide path's features of a batch on the backend (bucket ids, the history
+        keys' entry numbers and where features sit in rows as integers, values in the
+        model's dtype), or None when the model or the batch has none."""
         if "wide_idx" not in batch or "wide.w" not in self.params:
             return None
         keys = wide_feature_keys(batch, "wide.pair_call" in self.params)
         xp = self.ops.xp
-        return {k: xp.asarray(batch[k]) if k.endswith(("_idx", "_grp", "_end")) else
+        return {k: xp.asarray(batch[k]) if k.endswith(("_idx", "_grp", "_end", "_at")) else
                 xp.asarray(batch[k], dtype=self.dtype) for k in keys}
 
     # --- loss, forward and backward ------------------------------------------------------
@@ -392,7 +392,7 @@ class Model:
         if wide is not None:
             for m, (o_w, o_c, o_h) in enumerate(member_offsets(cfg)):
                 dzs = cfg.wide_scale * dz / cfg.wide_members
-                val, pair = sides[m]  # the values as read (`familiar_values`), the pair term's
+                val, pair = sides[m]  # the values as read (`read_values`), the pair term's
                 if pair is not None:
                     u, v_eff, hw, d_lin, d_pair = pair
                     dzp = dzs * d_pair

@@ -33,7 +33,15 @@ from typing import Any
 import numpy as np
 
 from .config import ModelConfig
-from .wide import NGRAM_END, pad_features, structured_features, wide_features
+from .wide import (
+    NGRAM_END,
+    NOVEL_AT,
+    _parse_call,
+    call_destination,
+    pad_features,
+    structured_features,
+    wide_features,
+)
 from .wide_pair import pair_features
 
 PAD, BOS, EOS, SEP = 256, 257, 258, 259
@@ -142,7 +150,9 @@ def source_batch(items: Sequence[tuple[str, Sequence[str] | None]],
     ``src`` [B, S] ids, ``seg`` [B, S] segment ids, and the wide path's sparse features
     ``wide_idx`` / ``wide_val`` [B, K] (empty [B, 1] zeros when the model has none), and
     the pair term's two sides ``wide_pc_*`` / ``wide_ph_*`` (with ``wide_ph_grp``, each
-    history key's entry) when the model has one."""
+    history key's entry) when the model has one; where the n-grams end (`NGRAM_END`) and
+    where the domain key and its first-seen mark sit (`NOVEL_AT`) when the model reads
+    them."""
     if not items:
         raise ValueError("source_batch needs at least one (context, history) pair")
     encoded = [encode_source(c, h, cfg) for c, h in items]
@@ -162,6 +172,10 @@ def source_batch(items: Sequence[tuple[str, Sequence[str] | None]],
                          feats, (structured_features_of(c, h, cfg) for c, h in items),
                          strict=True)]
         out["wide_idx"], out["wide_val"] = pad_features(feats)
+        if cfg.wide_novel_destinations:  # the domain key and its mark end each such row
+            out[NOVEL_AT] = np.array(
+                [len(f[0]) - 2 if call_destination(_parse_call(c)[1]) is not None else -1
+                 for f, (c, _) in zip(feats, items, strict=True)], np.int64)
         if cfg.wide_pair_rank:
             pairs = [pair_features(c, h, cfg.wide_pair_buckets, cfg.wide_sensitive_files,
                                    cfg.wide_egress_calls, cfg.wide_pair_destination,
@@ -184,7 +198,7 @@ def structured_features_of(context: str, history: Sequence[str] | None,
                                cfg.wide_endpoints, cfg.wide_sql_statements,
                                cfg.wide_path_places, cfg.wide_shape_hosts,
                                cfg.wide_call_domains, cfg.wide_sensitive_call_places,
-                               cfg.wide_endpoint_addresses)
+                               cfg.wide_endpoint_addresses, cfg.wide_novel_destinations)
 
 
 def build_batch(examples: Sequence[dict[str, Any]], cfg: ModelConfig) -> dict[str, np.ndarray]:

@@ -194,7 +194,8 @@ def structured_features(context: str, history: Sequence[str] | None, buckets: in
                         endpoint_scale: float = 0.0, sql_scale: float = 0.0,
                         place_scale: float = 0.0, shape_hosts: bool = True,
                         domain_scale: float = 0.0, sensitive_places: bool = False,
-                        endpoint_addresses: bool = False) -> tuple[np.ndarray, np.ndarray]:
+                        endpoint_addresses: bool = False,
+                        novel_scale: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """Features of the call's parsed arguments and of the call x its history: (idx, val).
 
     Why, beside the byte n-grams (measured, docs/learning.md "Structured wide features"):
@@ -261,6 +262,12 @@ def structured_features(context: str, history: Sequence[str] | None, buckets: in
       diluted by every other word of the call, so after a policy change that allows a
       few domains and blocks the rest the gate learned the domains' verdicts slower than
       the char-n-gram anchor (docs/learning.md, "A domain key").
+    - **A first-seen destination** ``d|novel`` (value `novel_scale`), right after the
+      domain key, the last two entries: read only while the reading member's domain key
+      is still 0 (engine/wide_logit.py `novel_values`), so it learns what calls to a
+      destination never learned before are: under an allow list, blocked; a host no
+      signal named shares nothing else with the outside hosts the stream showed
+      (docs/learning.md, "A first-seen destination").
     """
     out: list[tuple[int, float]] = []
     tool, args = _parse_call(context)
@@ -336,8 +343,6 @@ def structured_features(context: str, history: Sequence[str] | None, buckets: in
                     if len(tokens) > 1:
                         places.setdefault(f"l|{tool}|{key}|{tokens[0]}|{place}")
         out += _at_norm(places, place_scale, buckets)  # <= 2 x 9 x 32
-    if domain_scale > 0 and (domain := call_destination(args)) is not None:
-        out.append((_bucket("d|" + domain, buckets), domain_scale))
     if cross_scale > 0 and history:
         key = f"x|{tool}|{method}#"
         crosses: dict[str, None] = {}
@@ -347,6 +352,10 @@ def structured_features(context: str, history: Sequence[str] | None, buckets: in
             if isinstance(path, str) and path:
                 crosses.setdefault(key + e_tool + "|" + posixpath.basename(path.rstrip("/")))
         out += [(_bucket(c, buckets), cross_scale) for c in crosses]  # <= MAX_STRUCTURED
+    if domain_scale > 0 and (domain := call_destination(args)) is not None:
+        out.append((_bucket("d|" + domain, buckets), domain_scale))  # last but the mark:
+        if novel_scale > 0:  # `NOVEL_AT` finds the pair there
+            out.append((_bucket(NOVEL_KEY, buckets), novel_scale))
     if not out:
         return np.zeros(0, np.int64), np.zeros(0, np.float64)
     return (np.fromiter((i for i, _ in out), np.int64, len(out)),
@@ -385,12 +394,20 @@ PAIR_KEYS = ("wide_pc_idx", "wide_pc_val", "wide_ph_idx", "wide_ph_val", "wide_p
 #: familiarity (`ModelConfig.wide_familiarity`, engine/wide_logit.py `familiar_values`).
 NGRAM_END = "wide_ng_end"
 
+#: Where each row's domain key sits in ``wide_idx`` (-1: the call has no destination), its
+#: first-seen mark right after it, in a `source_batch` of a model with
+#: `ModelConfig.wide_novel_destinations` (engine/wide_logit.py `novel_values`).
+NOVEL_AT = "wide_novel_at"
+#: The first-seen destination's key (`structured_features`).
+NOVEL_KEY = "d|novel"
+
 
 def wide_feature_keys(batch: dict, with_pair: bool) -> tuple[str, ...]:
     """The wide features a model reads from `batch`: the n-gram ones (with where the byte
     n-grams end, when the batch carries it), and the pair term's when the model has one
     (`with_pair`) and the batch carries them."""
     return (("wide_idx", "wide_val") + ((NGRAM_END,) if NGRAM_END in batch else ())
+            + ((NOVEL_AT,) if NOVEL_AT in batch else ())
             + (PAIR_KEYS if with_pair and PAIR_KEYS[0] in batch else ()))
 
 

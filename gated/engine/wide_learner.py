@@ -103,21 +103,24 @@ class WideAdaGrad:
         return learners[0] if len(learners) == 1 else WideBag(learners)
 
     def logit(self, idx: np.ndarray, val: np.ndarray, z_rest: float, pair=None,
-              ngram_end: int | None = None) -> float:
+              ngram_end: int | None = None, novel_at: int = -1) -> float:
         """The gate's logit z_rest + scale * z_wide of one signal (no update); given where
         its byte n-grams end (`NGRAM_END`), read as the model reads them for a decision
-        (`familiar_values` at `familiarity`)."""
+        (`familiar_values` at `familiarity`); the first-seen destination mark after the
+        domain key at `novel_at` (`NOVEL_AT`; -1: none) as `novel_values` reads it, in
+        learning too."""
         if ngram_end is not None and self.familiarity[0]:
             w = self._host(self.w[self.xp.asarray(idx)]).astype(np.float64)
             val = familiar_values(w[None], np.asarray(val, np.float64)[None],
                                   np.array([ngram_end]), *self.familiarity)[0]
-        return self._gradient(idx, val, z_rest, 1.0, 1.0, pair)["z"]
+        return self._gradient(idx, val, z_rest, 1.0, 1.0, pair, novel_at)["z"]
 
     def gradient(self, idx: np.ndarray, val: np.ndarray, z_rest: float, label: float,
-                 weight: float, pair=None) -> tuple[np.ndarray, np.ndarray, float]:
+                 weight: float, pair=None, novel_at: int = -1
+                 ) -> tuple[np.ndarray, np.ndarray, float]:
         """(unique buckets, dL/dW at them, logit z) of one signal's weighted BCE
         L = weight * (max(z, 0) - z y + log(1 + exp(-|z|))) (+ l2/2 ||W_touched||^2)."""
-        st = self._gradient(idx, val, z_rest, label, weight, pair)
+        st = self._gradient(idx, val, z_rest, label, weight, pair, novel_at)
         return st["idx"], st["g"], st["z"]
 
     def pair_gradient(self, idx, val, z_rest: float, label: float, weight: float, pair
@@ -129,8 +132,10 @@ class WideAdaGrad:
 
     def learn(self, idx: np.ndarray, val: np.ndarray, z_rest: float, label: float,
               weight: float, pair=None, pair_hold: float = 0.0,
-              doubt: tuple[float, float] = NO_DOUBT) -> float:
+              doubt: tuple[float, float] = NO_DOUBT, novel_at: int = -1) -> float:
         """One AdaGrad update from one signal; returns its logit before the update.
+        `novel_at`: where the signal's domain key sits, its first-seen mark after it
+        (`novel_values`: the mark steps only while the key is unlearned), or -1.
 
         Both parts step on the same gradient, or, with `pair_first`, the pair term steps
         first and the linear weights then on the gradient at the new pair term (one block
@@ -167,6 +172,7 @@ class WideAdaGrad:
         term "allow" for every secret; the other three (a GET, an org host after a secret
         read) learn at the reduced weight (docs/learning.md, "Doubting an uncorrected
         allow")."""
+        val = self._novel_read(idx, val, novel_at)  # before any step of this signal
         st = self._gradient(idx, val, z_rest, label, weight, pair)
         factor, logits = doubt
         if self._contradicted_allow(st, label, logits):
@@ -205,13 +211,24 @@ class WideAdaGrad:
         table[d_idx] = self.xp.asarray(now - lr * g / (np.sqrt(g2) + self.eps),
                                        dtype=table.dtype)
 
-    def _gradient(self, idx, val, z_rest, label, weight, pair) -> dict:
+    def _novel_read(self, idx, val, novel_at: int):
+        """`val` with the first-seen destination mark (at `novel_at` + 1) read as
+        `novel_values` reads it for this learner: 0 once its weight at the domain key (at
+        `novel_at`) is not 0; `val` as it is without one (`novel_at` < 0)."""
+        if novel_at < 0 or not self._host(self.w[int(np.asarray(idx)[novel_at])]):
+            return val
+        val = np.array(val, np.float64)
+        val[novel_at + 1] = 0.0
+        return val
+
+    def _gradient(self, idx, val, z_rest, label, weight, pair, novel_at: int = -1) -> dict:
         """Everything an update needs, each touched weight read once (host, float64): the
         unique buckets, their weights and gradient, the logit, and per pair side
         (unique rows, gradient, rows now). The pair term is computed by `pair_logit` over
         the signal's keys as the model sees them (a bucket two keys share counts twice,
-        as in the model's forward), its gradient then summed per unique row."""
-        idx, val = _unique_sum(idx, val)
+        as in the model's forward), its gradient then summed per unique row. The values
+        are read with the first-seen mark after `novel_at` first (`_novel_read`)."""
+        idx, val = _unique_sum(idx, self._novel_read(idx, val, novel_at))
         d_idx = self.xp.asarray(idx)
         w_now = self._host(self.w[d_idx]).astype(np.float64)
         z_lin = float(w_now @ val)
@@ -392,20 +409,21 @@ class WideBag:
 
     def learn(self, idx: np.ndarray, val: np.ndarray, z_rest: float, label: float,
               weight: float, pair=None, pair_hold: float = 0.0,
-              doubt: tuple[float, float] = NO_DOUBT) -> float:
+              doubt: tuple[float, float] = NO_DOUBT, novel_at: int = -1) -> float:
         """Each member's `WideAdaGrad.learn` at its drawn multiple of `weight` (each member
-        judges the hold and the doubt by its own pair term); returns the bag's logit before
-        the update."""
+        judges the hold and the doubt by its own pair term, the first-seen mark by its own
+        domain key); returns the bag's logit before the update."""
         z = 0.0
         for learner, k in zip(self.learners, self._times(weight), strict=True):
-            z += (learner.learn(idx, val, z_rest, label, weight * k, pair, pair_hold, doubt)
-                  if k else learner.logit(idx, val, z_rest, pair))
+            z += (learner.learn(idx, val, z_rest, label, weight * k, pair, pair_hold, doubt,
+                                novel_at)
+                  if k else learner.logit(idx, val, z_rest, pair, novel_at=novel_at))
         return z / len(self.learners)
 
     def logit(self, idx: np.ndarray, val: np.ndarray, z_rest: float, pair=None,
-              ngram_end: int | None = None) -> float:
+              ngram_end: int | None = None, novel_at: int = -1) -> float:
         """The bag's logit: the members' mean (no update)."""
-        return sum(learner.logit(idx, val, z_rest, pair, ngram_end)
+        return sum(learner.logit(idx, val, z_rest, pair, ngram_end, novel_at)
                    for learner in self.learners) / len(self.learners)
 
     def shrink(self, factor: float) -> list:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .wide import NGRAM_END, PAIR_KEYS
+from .wide import NGRAM_END, NOVEL_AT, PAIR_KEYS
 
 
 def pair_logit(call_rows, call_val, hist_rows, hist_val, pool: float = 0.0, xp=np,
@@ -160,6 +160,44 @@ def familiar_values(w_rows, val, ngram_end, power: float, ngram_start: int = 1, 
     return xp.where(ngram, val * (f ** power)[:, None], val)
 
 
+def novel_values(w_rows, val, novel_at, xp=np):
+    """The wide features' values with each row's first-seen destination mark
+    (`ModelConfig.wide_novel_destinations`, engine/wide.py ``d|novel``) read only where the
+    member has not learned the row's destination: the mark sits right after the domain
+    key, at `novel_at[b]` + 1 (`NOVEL_AT`; -1: the row has no destination), and reads 0
+    once the member's weight at that domain key, `w_rows[b, novel_at[b]]`, is not 0. As
+    in `familiar_values`, a weight is 0 until the wide learner first steps it, so "not
+    learned" needs no state beyond the weights that serve.
+
+    Why (docs/learning.md, "A first-seen destination"): a policy that allows a few
+    domains and blocks the rest blocks every host no signal named before; the domain key
+    of such a host is 0 and its n-grams, read by their familiarity, say little, so the
+    outside hosts' first blocks after the change taught nothing an unseen one shares. The
+    mark learns "a destination never learned before" from the first sight of each.
+
+    The read is piecewise constant in w (it moves only when the domain key's weight
+    leaves 0), so d logit / d w at the mark is its value as read, exactly, wherever the
+    logit is differentiable: the backward uses the returned values as they are."""
+    at = xp.asarray(novel_at)
+    rows = at >= 0
+    col = xp.where(rows, at, 0)
+    seen = xp.take_along_axis(w_rows, col[:, None], axis=1)[:, 0] != 0
+    mark = (xp.arange(val.shape[1])[None, :] == (col + 1)[:, None]) & (rows & seen)[:, None]
+    return xp.where(mark, 0.0, val)
+
+
+def read_values(w_rows, val, feats: dict, familiarity: tuple[float, int], xp=np):
+    """A member's feature values as its linear logit reads them for `feats` (a batch's
+    wide features): the n-grams by their familiarity when the batch says where they end
+    (`familiar_values`), the first-seen destination mark by the member's domain keys when
+    it says where they sit (`novel_values`); as they are otherwise."""
+    if NGRAM_END in feats:
+        val = familiar_values(w_rows, val, feats[NGRAM_END], *familiarity, xp=xp)
+    if NOVEL_AT in feats:
+        val = novel_values(w_rows, val, feats[NOVEL_AT], xp)
+    return val
+
+
 def familiarity_of(cfg) -> tuple[float, int]:
     """(power, where the n-grams start) of `familiar_values` for a model config: the
     n-grams come right after the bias feature, when there is one (`wide_features`)."""
@@ -192,18 +230,15 @@ def wide_logit_host(take, feats: dict, scale: float, pool: float = 0.0,
                     familiarity: tuple[float, int] = (0.0, 1)) -> np.ndarray:
     """The wide path's logit [B] in float64 on the host: scale * the mean over the bag's
     members (`offsets`, `member_offsets`) of `veto_combine`(sum_k val_k w[idx_k],
-    pair_logit pooled by `pool`, `veto`, `block_only`), the values read by
-    `familiar_values` at `familiarity` = (power, n-gram start) when `feats` carries where
-    the n-grams end. `take(name, idx)` returns the rows of the wide table `name` (as
-    `wide_table` lays it out) at `idx` as host float64 (the model gathers on its backend
-    and copies only those; the inference plan reads its own copies), `feats` the batch's
-    wide features as host arrays."""
+    pair_logit pooled by `pool`, `veto`, `block_only`), the values read by `read_values`
+    (familiarity = (power, n-gram start)). `take(name, idx)` returns the rows of the wide
+    table `name` (as `wide_table` lays it out) at `idx` as host float64 (the model
+    gathers on its backend and copies only those; the inference plan reads its own
+    copies), `feats` the batch's wide features as host arrays."""
     total = 0.0
     for o_w, o_c, o_h in offsets:
         w = take("wide.w", shifted(feats["wide_idx"], o_w))
-        val = feats["wide_val"]
-        if NGRAM_END in feats:
-            val = familiar_values(w, val, feats[NGRAM_END], *familiarity)
+        val = read_values(w, feats["wide_val"], feats, familiarity)
         z = (w * val).sum(axis=1)
         if PAIR_KEYS[0] in feats:
             c_idx, c_val, h_idx, h_val, h_grp = (feats[k] for k in PAIR_KEYS)

@@ -18,7 +18,7 @@ import numpy as np
 
 from ...config import TrainConfig
 from ...engine import Model
-from ...engine.wide import PAIR_KEYS
+from ...engine.wide import NOVEL_AT, PAIR_KEYS
 from ...engine.wide_learner import NO_DOUBT, WideAdaGrad, WideBag
 from ...online.second_look import SecondLook
 from ...signals import CORRECTIONS
@@ -104,16 +104,16 @@ class WidePath:
             self.learner.learn(row[0], row[1], float(z_deep[i]) if s.wide_residual else 0.0,
                                ex["label"], ex["weight"] * self.early_block(ex["seq"], ex["label"],
                                                                             ordinary),
-                               row[2], pair_hold=hold)
+                               row[2], pair_hold=hold, novel_at=row[3])
             for j in range(round(n * per), round((n + 1) * per)):  # interleaved, in turn
-                r_idx, r_val, r_pair = wide_row(r_src, j)
+                r_idx, r_val, r_pair, r_novel = wide_row(r_src, j)
                 self.learner.learn(r_idx, r_val, 0.0, replay[j]["label"], replay[j]["weight"],
-                                   r_pair)
-            for (idx, val, pair), label, corrected in self.second_look.push(
+                                   r_pair, novel_at=r_novel)
+            for (idx, val, pair, novel_at), label, corrected in self.second_look.push(
                     ex["seq"], ex["fp"], ex["label"], row, not ordinary):
                 self.learner.learn(idx, val, 0.0, label,
                                    self.early_block(ex["seq"], label, True), pair,
-                                   doubt=NO_DOUBT if corrected else doubt)
+                                   doubt=NO_DOUBT if corrected else doubt, novel_at=novel_at)
         self.dirty = True
 
     def block_weight(self, ex: dict) -> float:
@@ -248,15 +248,19 @@ def adapt_to_drift_verdict(learner: WideAdaGrad | WideBag | None, undo: tuple | 
 
 
 def wide_row(sources: dict, i: int) -> tuple:
-    """(idx, val, pair features or None) of row `i` of a `source_batch`: what
-    `WideAdaGrad.learn` reads of one signal, trimmed of padding (value 0, which the
-    learner drops anyway) into copies, so a row kept for a second look does not keep its
-    whole batch alive."""
+    """(idx, val, pair features or None, where the domain key sits or -1) of row `i` of a
+    `source_batch`: what `WideAdaGrad.learn` reads of one signal, trimmed of padding
+    (value 0, which the learner drops anyway) into copies, so a row kept for a second look
+    does not keep its whole batch alive; the domain key's place (`NOVEL_AT`, its
+    first-seen mark after it) counted in the trimmed row."""
     idx, val = sources["wide_idx"][i], sources["wide_val"][i]
     pair = tuple(sources[k][i] for k in PAIR_KEYS) if PAIR_KEYS[0] in sources else None
     keep = val != 0
+    novel_at = int(sources[NOVEL_AT][i]) if NOVEL_AT in sources else -1
+    if novel_at >= 0:
+        novel_at = int(keep[:novel_at].sum())
     if pair is not None:
         c_idx, c_val, h_idx, h_val, h_grp = pair
         c_keep, h_keep = c_val != 0, h_val != 0
         pair = (c_idx[c_keep], c_val[c_keep], h_idx[h_keep], h_val[h_keep], h_grp[h_keep])
-    return idx[keep], val[keep], pair
+    return idx[keep], val[keep], pair, novel_at
