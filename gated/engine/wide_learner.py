@@ -116,11 +116,10 @@ class WideAdaGrad:
         return self._gradient(idx, val, z_rest, 1.0, 1.0, pair, novel_at)["z"]
 
     def gradient(self, idx: np.ndarray, val: np.ndarray, z_rest: float, label: float,
-                 weight: float, pair=None, novel_at: int = -1
-                 ) -> tuple[np.ndarray, np.ndarray, float]:
+                 weight: float, pair=None) -> tuple[np.ndarray, np.ndarray, float]:
         """(unique buckets, dL/dW at them, logit z) of one signal's weighted BCE
         L = weight * (max(z, 0) - z y + log(1 + exp(-|z|))) (+ l2/2 ||W_touched||^2)."""
-        st = self._gradient(idx, val, z_rest, label, weight, pair, novel_at)
+        st = self._gradient(idx, val, z_rest, label, weight, pair)
         return st["idx"], st["g"], st["z"]
 
     def pair_gradient(self, idx, val, z_rest: float, label: float, weight: float, pair
