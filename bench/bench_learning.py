@@ -188,10 +188,10 @@ class Probes:
 
 def run(preset: str, lr: float, rate: float, n_signals: int, switch_at: int, seed: int,
         variant: str = "v2", probes: int = 200, settings_kw: dict | None = None,
-        backend: str = "numpy", trace: str | None = None) -> dict:
+        backend: str = "numpy", trace: str | None = None, fresh_hosts: float = 0.0) -> dict:
     cfg = dataclasses.replace(ModelConfig.preset(preset), **VARIANTS[variant])
     settings = dataclasses.replace(TrainConfig(), lr=lr, **(settings_kw or {}))
-    traffic = GatewayTraffic(seed=seed)
+    traffic = GatewayTraffic(seed=seed, fresh_hosts=fresh_hosts)
     probe = Probes(GatewayTraffic(seed=seed), probes, seed + 1000)
     anchor = HashedNgramLR()
     if backend != "numpy":
@@ -488,6 +488,9 @@ def main() -> None:
     ap.add_argument("--trace", default=None, metavar="FILE",
                     help="write one JSON line per ordinary signal scored (p, z, its "
                          "transformer part, steps so far, the TRUE label)")
+    ap.add_argument("--fresh-hosts", type=float, default=0.0, metavar="SHARE",
+                    help="the share of the stream's outside hosts that are new (never seen; "
+                         "GatewayTraffic.fresh_hosts); the probes are unchanged")
     ap.add_argument("--write", action="store_true", help="record in docs/benchmarks.md")
     ap.add_argument("--section", default=None, help="heading suffix for docs/benchmarks.md")
     a = ap.parse_args()
@@ -497,7 +500,8 @@ def main() -> None:
                f"{platform.python_version()}, numpy {np.__version__}"
                + ("" if a.backend == "numpy" else f", engine on {_gpu_name()} (cupy)"))
     head = (f"Machine: {machine}. Stream: gated.traffic seed {a.seed}, {a.signals} signals "
-            f"at {a.rate:g}/s of virtual time, policy v1 -> v2 after {a.switch_at}.")
+            f"at {a.rate:g}/s of virtual time, policy v1 -> v2 after {a.switch_at}"
+            + (f", {a.fresh_hosts:g} of its outside hosts new" if a.fresh_hosts else "") + ".")
     print(head, flush=True)
     out = [head, ""]
     for variant in a.variant or ["v2"]:
@@ -508,7 +512,8 @@ def main() -> None:
             print(f"\n### {title}\n\n{TABLE_HEAD}", flush=True)
             t0 = time.time()
             r = run(a.preset, lr, a.rate, a.signals, a.switch_at, a.seed, variant, a.probes,
-                    settings_kw=overrides, backend=a.backend, trace=a.trace)
+                    settings_kw=overrides, backend=a.backend, trace=a.trace,
+                    fresh_hosts=a.fresh_hosts)
             lines = summary(r) + [""] + by_category(r)
             print("\n".join(lines), f"\n(wall {time.time() - t0:.0f} s)", flush=True)
             out += [f"### {title}", "", TABLE_HEAD,

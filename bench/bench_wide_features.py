@@ -141,7 +141,7 @@ from gated.daemon.trainer.wide_path import (  # noqa: E402
 from gated.engine.config import ModelConfig  # noqa: E402
 from gated.engine.model import Model  # noqa: E402
 from gated.engine.tokenizer import source_batch  # noqa: E402
-from gated.engine.wide import NGRAM_END, PAIR_KEYS  # noqa: E402
+from gated.engine.wide import NGRAM_END, NOVEL_AT, PAIR_KEYS  # noqa: E402
 from gated.engine.wide_learner import NO_DOUBT, WideAdaGrad  # noqa: E402
 from gated.online.drift import CheckedTest, PageHinkley  # noqa: E402
 from gated.online.monitor import MonitorSettings  # noqa: E402
@@ -191,7 +191,7 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
            drift_contra: tuple[float, int, float] = (1.0, 0, 0.0),
            pair_history: int = 0, doubt: tuple[float, float] = NO_DOUBT,
            parts_at: int = 0, familiarity: float = 0.0,
-           unscaled_adapting: int = 0) -> dict:
+           unscaled_adapting: int = 0, novel: float = 0.0, fresh_hosts: float = 0.0) -> dict:
     """One setting's run; `lag` > 1 scores each signal with weights that have not yet
     learned the previous `lag` - 1 (updates applied in groups of `lag`), as the daemon's
     trainer scores a step's arrivals with the weights published before them. `pair_rank`
@@ -246,7 +246,9 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
     faded to 1; (1, 0), off, here by default, for the same reason), `call_places`
     `ModelConfig.wide_sensitive_call_places` (off here by default, for the same reason),
     `addresses` `ModelConfig.wide_endpoint_addresses` (off here by default, for the same
-    reason)."""
+    reason), `novel` `ModelConfig.wide_novel_destinations` (the first-seen destination
+    mark, read and learned as the daemon's wide learner does; 0, off, the default),
+    `fresh_hosts` the stream's `GatewayTraffic.fresh_hosts` (0: the stream as before)."""
     cfg = dataclasses.replace(ModelConfig.preset("flint"), wide_call_words=words,
                               wide_history_cross=cross, wide_pair_rank=pair_rank,
                               wide_pair_pool=pool, wide_call_shapes=shapes,
@@ -266,20 +268,23 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
                               wide_pair_history=pair_history)
     if bias is not None:  # else the preset's (1)
         cfg = dataclasses.replace(cfg, wide_bias=bias)
-    cfg = dataclasses.replace(cfg, wide_familiarity=familiarity)
+    cfg = dataclasses.replace(cfg, wide_familiarity=familiarity,
+                              wide_novel_destinations=novel if domains else 0.0)
 
     def feats(context: str, history: list[str] | None) -> tuple:
         b = source_batch([(context, history)], cfg)
         pair = tuple(b[k][0] for k in PAIR_KEYS) if pair_rank else None
         return (b["wide_idx"][0], b["wide_val"][0], 0.0, pair,
-                int(b[NGRAM_END][0]) if NGRAM_END in b else None)
+                int(b[NGRAM_END][0]) if NGRAM_END in b else None,
+                int(b[NOVEL_AT][0]) if NOVEL_AT in b else -1)
 
     model = Model.init(cfg, seed=init_seed, dtype="float64")  # the wide slots, initialised
     wide = WideAdaGrad.for_model(model, np.zeros(model.num_params), lr=lr, l2=l2,
                                  pair_lr=pair_lr, pair_l2=None if pair_l2 < 0 else pair_l2,
                                  pair_first=pair_first)
     anchor = HashedNgramLR()
-    stream, probe_src = GatewayTraffic(seed=seed), GatewayTraffic(seed=seed)
+    stream = GatewayTraffic(seed=seed, fresh_hosts=fresh_hosts)
+    probe_src = GatewayTraffic(seed=seed)
     right_w, right_a, at, pending, drifts = [], [], {}, [], []
     shrunk: dict[int, tuple] = {}  # a pending alarm's shrink, taken back if withdrawn
     org_uploads: list[tuple[bool, bool]] = []  # (gated right, anchor right)
@@ -302,11 +307,11 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
             # the signal log's sequence numbers are 1-based
             wide.learn(*f_p[:3], y_p, w_p * early_block_weight(
                 seq + 1, y_p, ordinary and early_looks != "second", *early_block),
-                       f_p[3], pair_hold=pair_hold if look.delay else 0.0)
+                       f_p[3], pair_hold=pair_hold if look.delay else 0.0, novel_at=f_p[5])
             for f_l, y_l, corrected in look.push(seq, fp, y_p, f_p, not ordinary):
                 wide.learn(*f_l[:3], y_l, early_block_weight(seq + 1, y_l, early_looks != "first",
                                                              *early_block),
-                           f_l[3], doubt=NO_DOUBT if corrected else doubt)
+                           f_l[3], doubt=NO_DOUBT if corrected else doubt, novel_at=f_l[5])
         pending.clear()
 
     def z_of(events) -> np.ndarray:
@@ -316,7 +321,7 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
     def z_of_one(f) -> float:
         # as the model decides: `familiar_values`, not while adapting with `unscaled_adapting`
         unscaled = wide.in_window_first(unscaled_adapting)
-        return wide.logit(*f[:3], f[3], None if unscaled else f[4])
+        return wide.logit(*f[:3], f[3], None if unscaled else f[4], f[5])
 
     for i in range(n):
         if i == switch_at:
@@ -508,6 +513,13 @@ def main() -> None:
                     help="with --familiarity: read the n-grams unscaled while the first N "
                          "examples of the learner's contradiction window are learned "
                          "(train.drift_wide_unscaled_examples; default 0, off, as before it)")
+    ap.add_argument("--novel", type=float, default=0.0, metavar="S",
+                    help="the first-seen destination mark at S (ModelConfig."
+                         "wide_novel_destinations; needs the domain key, grid field 22; "
+                         "default 0, off, as the daemon's default)")
+    ap.add_argument("--fresh-hosts", type=float, default=0.0, metavar="SHARE",
+                    help="the share of the stream's outside hosts that are new "
+                         "(GatewayTraffic.fresh_hosts; the probes are unchanged; default 0)")
     ap.add_argument("--doubt", default="1:0", metavar="WEIGHT:LOGITS",
                     help="a second look whose label is still the gate's 'allow' while the "
                          "pair term says 'block' by more than LOGITS steps at WEIGHT "
@@ -555,7 +567,7 @@ def main() -> None:
                        a.call_mark_places, a.endpoint_addresses, a.early_looks, a.bias,
                        a.drift_shrink, contra, a.pair_history,
                        tuple(float(x) for x in a.doubt.split(":")), a.parts, a.familiarity,
-                       a.unscaled_adapting)
+                       a.unscaled_adapting, a.novel, a.fresh_hosts)
             p0, p1 = (r["at"][p] for p in points)
 
             def pair(k: str, p0=p0, p1=p1) -> str:

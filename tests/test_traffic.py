@@ -314,6 +314,44 @@ def test_every_v2_allow_listed_domain_is_one_the_stream_shows():
     assert not held, f"held-out values on the v2 allow-list: {sorted(held)}"
 
 
+def _outside_hosts(events: list[Event]) -> list[str]:
+    """The hosts of the HTTP calls and browsing the host pools name (not the org's, the
+    local ones, the paste and metadata hosts: those pools are never replaced)."""
+    hosts = []
+    for e in events:
+        tool, args = parse_call(e.signal["context"])
+        if tool in ("http.request", "browser.open"):
+            host = args["url"].split("/")[2]
+            if not host.endswith(ORG_DOMAIN) and host not in {
+                    v for k in ("local", "paste", "meta") for v in POOLS[k][0]}:
+                hosts.append(host)
+    return hosts
+
+
+def test_fresh_hosts_name_new_outside_hosts_that_v2_blocks():
+    """`fresh_hosts`: that share of the outside hosts' draws names a host no pool has (the
+    rest are the train pools' as always); under v2 every such HTTP call or browse is an
+    `external_network` block, none is allow-listed; out of [0, 1] is refused."""
+    pooled = {v for k in ("api", "docs") for half in POOLS[k] for v in half}
+    g = GatewayTraffic(seed=5, fresh_hosts=0.3)
+    g.policy = "v2"
+    events = [e for e in (g.next() for _ in range(3000)) if not e.is_correction]
+    hosts = _outside_hosts(events)
+    new = [h for h in hosts if h not in pooled]
+    assert 0.25 <= len(new) / len(hosts) <= 0.35, len(new) / len(hosts)
+    assert len(set(new)) >= 0.9 * len(new), "the new hosts repeat: not new"
+    assert not [h for h in new if v2_domain(h)], "a new host is allow-listed"
+    for e in events:
+        tool, args = parse_call(e.signal["context"])
+        if tool in ("http.request", "browser.open") and args["url"].split("/")[2] in new:
+            assert e.category in ("external_network", "history_exfil"), e.signal["context"]
+    assert not [h for h in _outside_hosts(
+        [GatewayTraffic(seed=5).next() for _ in range(3000)]) if h not in pooled]
+    for share in (-0.1, 1.5):
+        with pytest.raises(ValueError, match="fresh_hosts"):
+            GatewayTraffic(seed=5, fresh_hosts=share)
+
+
 def test_ngram_hash_is_stable():
     ids = ngram_buckets(b"abcd", 4, 20)
     assert len(ids) == 4 + 3 + 2 + 1 and int(ids.max()) < 2**20

@@ -30,13 +30,31 @@ class _Session:
     last: str = ""
 
 
-class _Values:
-    """Draws pool values from one half (train or held-out) and fills templates."""
+#: the pools of outside hosts the HTTP calls and the browsing reach (`GatewayTraffic`'s
+#: `fresh_hosts` replaces a share of their draws by hosts never named before)
+HOST_POOLS = ("api", "docs")
 
-    def __init__(self, rng: random.Random, held: bool) -> None:
-        self.rng, self.held = rng, held
+
+def fresh_host(rng: random.Random, pool: str) -> str:
+    """A host no pool names and no earlier draw is likely to have named: a made-up
+    three-syllable name under a common top-level domain (``api.zorvik.io``), with the
+    pool's kind of first label. Never an allow-listed or org domain (their names are not
+    consonant-vowel syllables: ``acme``, ``github``, ``python``, ``mozilla``)."""
+    name = "".join(rng.choice("bdfgklmnprstvz") + rng.choice("aeiou") for _ in range(3))
+    first = "api" if pool == "api" else rng.choice(("docs", "learn", "dev"))
+    return f"{first}.{name}.{rng.choice(('io', 'dev', 'app', 'net', 'co'))}"
+
+
+class _Values:
+    """Draws pool values from one half (train or held-out) and fills templates; with
+    `fresh` > 0 that share of the outside hosts' draws names a host never seen (`fresh_host`)."""
+
+    def __init__(self, rng: random.Random, held: bool, fresh: float = 0.0) -> None:
+        self.rng, self.held, self.fresh = rng, held, fresh
 
     def pick(self, name: str) -> str:
+        if self.fresh and name in HOST_POOLS and self.rng.random() < self.fresh:
+            return fresh_host(self.rng, name)  # (no draw at all while `fresh` is 0)
         return self.rng.choice(POOLS[name][self.held])
 
     def fill(self, template: str, s: _Session) -> str:
@@ -223,21 +241,38 @@ class GatewayTraffic:
     labels. A correction re-sends a mistaken signal's context and history with the gate's
     own (wrong) decision and reason plus ``false_positive`` / ``false_negative``; when the
     policy changed meanwhile and the decision is no longer wrong, it is not sent.
+
+    `fresh_hosts` (settable at any time, like `policy`): the share of the outside hosts'
+    draws (the HTTP calls' and the browsing's, `HOST_POOLS`) that name a host never seen
+    before (`fresh_host`), as real traffic keeps reaching new services. 0, the default,
+    draws exactly the stream it always drew. The probes are not touched: theirs are the
+    held-out values already.
     """
 
     def __init__(self, seed: int = 0, *, gate_error_rate: float = 0.06,
                  correction_rate: float = 0.8, sessions: int = 8, max_history: int = 12,
-                 confirm_rate: float = 0.03) -> None:
+                 confirm_rate: float = 0.03, fresh_hosts: float = 0.0) -> None:
         self.seed, self.policy = seed, "v1"
         self.gate_error_rate, self.correction_rate = gate_error_rate, correction_rate
         self.confirm_rate, self.max_history = confirm_rate, max_history
         self._rng = random.Random(seed)
         self._noise = random.Random(f"noise-{seed}")
         self._v = _Values(self._rng, held=False)
+        self.fresh_hosts = fresh_hosts  # checked by the setter
         self._sessions = [_new_session(self._v) for _ in range(sessions)]
         self._due: list[tuple[int, int, dict]] = []  # (due index, index, pending correction)
         self._i = 0
         self._ts = 1_700_000_000.0
+
+    @property
+    def fresh_hosts(self) -> float:
+        return self._v.fresh
+
+    @fresh_hosts.setter
+    def fresh_hosts(self, share: float) -> None:
+        if not 0.0 <= share <= 1.0:
+            raise ValueError(f"fresh_hosts is a share in [0, 1], got {share}")
+        self._v.fresh = share
 
     def _signal(self, ctx: str, hist: list[str], decision: str, reason: str) -> dict:
         self._ts += round(self._noise.expovariate(2.0), 3)
