@@ -49,8 +49,9 @@ class _Values:
     """Draws pool values from one half (train or held-out) and fills templates; with
     `fresh` > 0 that share of the outside hosts' draws names a host never seen (`fresh_host`)."""
 
-    def __init__(self, rng: random.Random, held: bool, fresh: float = 0.0) -> None:
-        self.rng, self.held, self.fresh = rng, held, fresh
+    def __init__(self, rng: random.Random, held: bool) -> None:
+        self.rng, self.held = rng, held
+        self.fresh = 0.0  # `GatewayTraffic.fresh_hosts` sets the stream's
 
     def pick(self, name: str) -> str:
         if self.fresh and name in HOST_POOLS and self.rng.random() < self.fresh:
