@@ -93,7 +93,7 @@ VARIANTS = {
     "v2-familiar-8": {"wide_familiarity": 8.0},
     "v2-no-familiar": {"wide_familiarity": 0.0},  # ... read as they are (before 2026-11-30)
     # a first-seen destination mark of value 1 after the domain key (docs/learning.md, "A
-    # first-seen destination"; off by default until measured on more seeds)
+    # first-seen destination", "New hosts in the stream, ..."; off by default)
     "v2-novel": {"wide_novel_destinations": 1.0},
     # the encoding before the change with today's wide path: its byte n-grams then mix the
     # history into the call's (one segment); the structured features and the pair term read

@@ -127,8 +127,10 @@ class ModelConfig:
     #: the reading member has not learned yet (its domain key's weight still 0;
     #: engine/wide_logit.py `novel_values`): under an allow list, a destination never
     #: seen is what an unseen outside host shares with the blocked ones the stream showed,
-    #: while its own domain key says nothing (0 = none, the default until measured on
-    #: more seeds; docs/learning.md, "A first-seen destination"). Needs the domain key.
+    #: while its own domain key says nothing (0 = none, the default: measured better on
+    #: eight seeds and a stream with new hosts, not yet switched on, for the fingerprint,
+    #: its unrun CuPy path and 12,000 signals; docs/learning.md, "A first-seen
+    #: destination", "New hosts in the stream, ..."). Needs the domain key.
     wide_novel_destinations: float = 0.0
     #: ... and a key of this value on the pair term's call side when the call can carry
     #: data out (engine/known_names.py `egress_call`: an HTTP body, mail, an upload), so
