@@ -93,8 +93,10 @@ VARIANTS = {
     "v2-familiar-8": {"wide_familiarity": 8.0},
     "v2-no-familiar": {"wide_familiarity": 0.0},  # ... read as they are (before 2026-11-30)
     # a first-seen destination mark of value 1 after the domain key (docs/learning.md, "A
-    # first-seen destination", "New hosts in the stream, ..."; off by default)
+    # first-seen destination", "New hosts in the stream, ..."; the default since 2026-11-30,
+    # "The first-seen mark made the default": then the same as v2)
     "v2-novel": {"wide_novel_destinations": 1.0},
+    "v2-no-novel": {"wide_novel_destinations": 0.0},  # ... without it (before 2026-11-30)
     # the encoding before the change with today's wide path: its byte n-grams then mix the
     # history into the call's (one segment); the structured features and the pair term read
     # the call and its history apart whatever the encoding, so this measures the encoding

@@ -247,7 +247,8 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
     `ModelConfig.wide_sensitive_call_places` (off here by default, for the same reason),
     `addresses` `ModelConfig.wide_endpoint_addresses` (off here by default, for the same
     reason), `novel` `ModelConfig.wide_novel_destinations` (the first-seen destination
-    mark, read and learned as the daemon's wide learner does; 0, off, the default),
+    mark, read and learned as the daemon's wide learner does; 0, off, here by default,
+    for the same reason),
     `fresh_hosts` the stream's `GatewayTraffic.fresh_hosts` (0: the stream as before)."""
     cfg = dataclasses.replace(ModelConfig.preset("flint"), wide_call_words=words,
                               wide_history_cross=cross, wide_pair_rank=pair_rank,
@@ -265,11 +266,11 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
                               wide_members=members,
                               wide_sensitive_call_places=call_places,
                               wide_endpoint_addresses=addresses,
-                              wide_pair_history=pair_history)
+                              wide_pair_history=pair_history,
+                              wide_novel_destinations=novel if domains else 0.0)
     if bias is not None:  # else the preset's (1)
         cfg = dataclasses.replace(cfg, wide_bias=bias)
-    cfg = dataclasses.replace(cfg, wide_familiarity=familiarity,
-                              wide_novel_destinations=novel if domains else 0.0)
+    cfg = dataclasses.replace(cfg, wide_familiarity=familiarity)
 
     def feats(context: str, history: list[str] | None) -> tuple:
         b = source_batch([(context, history)], cfg)
@@ -516,7 +517,7 @@ def main() -> None:
     ap.add_argument("--novel", type=float, default=0.0, metavar="S",
                     help="the first-seen destination mark at S (ModelConfig."
                          "wide_novel_destinations; needs the domain key, grid field 22; "
-                         "default 0, off, as the daemon's default)")
+                         "default 0, off, as before it; the daemon's default is 1)")
     ap.add_argument("--fresh-hosts", type=float, default=0.0, metavar="SHARE",
                     help="the share of the stream's outside hosts that are new "
                          "(GatewayTraffic.fresh_hosts; the probes are unchanged; default 0)")

@@ -23,7 +23,7 @@ import numpy as np
 
 from gated.engine.config import ModelConfig
 from gated.engine.tokenizer import encode_source, source_batch, structured_features_of
-from gated.engine.wide import BIAS_BUCKET, PAIR_KEYS, _segment_features
+from gated.engine.wide import BIAS_BUCKET, NOVEL_AT, PAIR_KEYS, _segment_features
 
 #: The structured groups: (name in the table, the ModelConfig field that scales it; the
 #: other groups' fields are 0 when one group is computed)
@@ -31,7 +31,7 @@ STRUCTURED = (("words", "wide_call_words"), ("cross", "wide_history_cross"),
               ("shapes", "wide_call_shapes"), ("known", "wide_known_names"),
               ("sensitive", "wide_sensitive_files"), ("endpoints", "wide_endpoints"),
               ("sql", "wide_sql_statements"), ("places", "wide_path_places"),
-              ("domain", "wide_call_domains"))
+              ("domain", "wide_call_domains"))  # the domain key and its first-seen mark
 GROUPS = ("bias", "call n-grams", "history n-grams",
           *(name for name, _ in STRUCTURED), "pair")
 
@@ -48,24 +48,35 @@ def _group_features(context: str, history: Sequence[str] | None,
     out = {"bias": (np.array([BIAS_BUCKET]), np.array([cfg.wide_bias], np.float64)),
            "call n-grams": call,
            "history n-grams": (hist[0], cfg.wide_history_scale * hist[1])}
-    off = {field: 0.0 for _, field in STRUCTURED}
+    off = {field: 0.0 for _, field in STRUCTURED} | {"wide_novel_destinations": 0.0}
     for name, field in STRUCTURED:
-        alone = dataclasses.replace(cfg, **{**off, field: getattr(cfg, field)})
-        out[name] = structured_features_of(context, history, alone)
+        alone = {**off, field: getattr(cfg, field)}
+        if field == "wide_call_domains":  # the first-seen mark comes with its domain key
+            alone["wide_novel_destinations"] = cfg.wide_novel_destinations
+        out[name] = structured_features_of(context, history, dataclasses.replace(cfg, **alone))
     return out
+
+
+def _novel_at(name: str, idx: np.ndarray, cfg: ModelConfig) -> int:
+    """Where a group's domain key sits when its first-seen mark follows it (the domain
+    group of a call with a destination: key, mark), so the learner reads the mark as the
+    model does (`novel_values`); -1 otherwise."""
+    return 0 if name == "domain" and cfg.wide_novel_destinations and len(idx) == 2 else -1
 
 
 def logit_parts(learner, cfg: ModelConfig, context: str,
                 history: Sequence[str] | None) -> dict[str, float]:
     """Each group's part of `learner`'s wide logit of one source, and the full logit
     (``"z"``); the parts but ``"z"`` sum to it."""
-    parts = {name: float(learner.logit(idx, val, 0.0, None)) if len(idx) else 0.0
+    parts = {name: float(learner.logit(idx, val, 0.0, None,
+                                       novel_at=_novel_at(name, idx, cfg))) if len(idx) else 0.0
              for name, (idx, val) in _group_features(context, history, cfg).items()}
     batch = source_batch([(context, history)], cfg)
     pair = tuple(batch[k][0] for k in PAIR_KEYS) if PAIR_KEYS[0] in batch else None
-    z = float(learner.logit(batch["wide_idx"][0], batch["wide_val"][0], 0.0, pair))
+    at = int(batch[NOVEL_AT][0]) if NOVEL_AT in batch else -1
+    z = float(learner.logit(batch["wide_idx"][0], batch["wide_val"][0], 0.0, pair, novel_at=at))
     parts["pair"] = (z - float(learner.logit(batch["wide_idx"][0], batch["wide_val"][0],
-                                             0.0, None)) if pair is not None else 0.0)
+                                             0.0, None, novel_at=at)) if pair is not None else 0.0)
     return {**parts, "z": z}
 
 

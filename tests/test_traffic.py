@@ -416,7 +416,7 @@ def test_wide_parts_sum_to_the_logit_a_learner_gives(stream: list[Event]):
     full wide logit -- a group the batch has and the split forgets would break the sum --
     and the groups the stream's calls use all take a part."""
     from gated.engine import Model, ModelConfig, source_batch
-    from gated.engine.wide import PAIR_KEYS
+    from gated.engine.wide import NOVEL_AT, PAIR_KEYS
     from gated.engine.wide_learner import WideAdaGrad
 
     cfg = ModelConfig.preset("flint")
@@ -425,19 +425,21 @@ def test_wide_parts_sum_to_the_logit_a_learner_gives(stream: list[Event]):
 
     def features(e: Event) -> tuple:
         b = source_batch([(e.signal["context"], e.signal.get("history"))], cfg)
-        return b["wide_idx"][0], b["wide_val"][0], tuple(b[k][0] for k in PAIR_KEYS)
+        return (b["wide_idx"][0], b["wide_val"][0], tuple(b[k][0] for k in PAIR_KEYS),
+                int(b[NOVEL_AT][0]))
     for e in stream[:300]:
-        idx, val, pair = features(e)
-        learner.learn(idx, val, 0.0, *label_weight(e.signal), pair)
+        idx, val, pair, at = features(e)
+        learner.learn(idx, val, 0.0, *label_weight(e.signal), pair, novel_at=at)
     probes = GatewayTraffic(seed=0).probes(120, 1000)
     used = set()
     for e in probes:
         parts = logit_parts(learner, cfg, e.signal["context"], e.signal.get("history"))
-        idx, val, pair = features(e)
-        assert parts["z"] == pytest.approx(learner.logit(idx, val, 0.0, pair), abs=1e-12)
+        idx, val, pair, at = features(e)
+        assert parts["z"] == pytest.approx(learner.logit(idx, val, 0.0, pair, novel_at=at),
+                                           abs=1e-12)
         assert sum(parts[g] for g in GROUPS) == pytest.approx(parts["z"], abs=1e-9)
         used |= {g for g in GROUPS if abs(parts[g]) > 1e-6}
-    assert {"bias", "call n-grams", "words", "shapes", "places", "pair"} <= used
+    assert {"bias", "call n-grams", "words", "shapes", "places", "domain", "pair"} <= used
     table = parts_table(learner, cfg, probes)
     assert table[0].startswith("| tool | TRUE | decided | probes | z | bias |")
     assert sum(int(row.split("|")[4]) for row in table[2:]) == len(probes)

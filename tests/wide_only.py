@@ -11,7 +11,7 @@ import numpy as np
 from gated.engine.config import ModelConfig
 from gated.engine.model import Model
 from gated.engine.tokenizer import source_batch
-from gated.engine.wide import PAIR_KEYS
+from gated.engine.wide import NOVEL_AT, PAIR_KEYS
 from gated.engine.wide_learner import WideAdaGrad
 
 
@@ -26,12 +26,13 @@ class WideOnly:
     def _features(self, context: str, history: list[str] | None) -> tuple:
         b = source_batch([(context, history)], self.cfg)
         pair = tuple(b[k][0] for k in PAIR_KEYS) if PAIR_KEYS[0] in b else None
-        return b["wide_idx"][0], b["wide_val"][0], 0.0, pair
+        novel_at = int(b[NOVEL_AT][0]) if NOVEL_AT in b else -1  # the first-seen mark's key
+        return b["wide_idx"][0], b["wide_val"][0], 0.0, pair, novel_at
 
     def learn(self, context: str, history: list[str] | None, label: float) -> None:
-        idx, val, z_rest, pair = self._features(context, history)
-        self.learner.learn(idx, val, z_rest, label, 1.0, pair)
+        idx, val, z_rest, pair, novel_at = self._features(context, history)
+        self.learner.learn(idx, val, z_rest, label, 1.0, pair, novel_at=novel_at)
 
     def logit(self, context: str, history: list[str] | None = None) -> float:
-        idx, val, z_rest, pair = self._features(context, history)
-        return self.learner.gradient(idx, val, z_rest, 1.0, 1.0, pair)[2]
+        idx, val, z_rest, pair, novel_at = self._features(context, history)
+        return self.learner.logit(idx, val, z_rest, pair, novel_at=novel_at)

@@ -14,13 +14,16 @@ from dataclasses import asdict, dataclass
 #: that code behaved as: at that value the field does not enter `ModelConfig.fingerprint`
 #: (a field that changes what the weights mean at its default is not listed: its states
 #: need `gated run --reinit`, docs/operations.md).
-FINGERPRINT_AS_BEFORE: dict[str, object] = {"wide_bias": 1.0, "wide_pair_history": 0,
-                                             "wide_novel_destinations": 0.0}
+FINGERPRINT_AS_BEFORE: dict[str, object] = {"wide_bias": 1.0, "wide_pair_history": 0}
 #: Fields that say how the weights are read, not what they hold or their shape: never in
 #: the fingerprint, so a state stored at another value (or before the field existed)
 #: loads and is read the new way (`wide_familiarity`: each weight means what it meant;
-#: only how much a call's unfamiliar n-grams say in a decision changes).
-FINGERPRINT_IGNORES: frozenset[str] = frozenset({"wide_familiarity"})
+#: only how much a call's unfamiliar n-grams say in a decision changes;
+#: `wide_novel_destinations`: one more hashed key, ``d|novel``, read on calls to a domain
+#: whose key is still 0; every other weight means what it meant, and the mark's bucket
+#: starts from whatever a colliding key left there, as any hashed key does).
+FINGERPRINT_IGNORES: frozenset[str] = frozenset({"wide_familiarity",
+                                                 "wide_novel_destinations"})
 
 
 @dataclass(frozen=True)
@@ -127,11 +130,10 @@ class ModelConfig:
     #: the reading member has not learned yet (its domain key's weight still 0;
     #: engine/wide_logit.py `novel_values`): under an allow list, a destination never
     #: seen is what an unseen outside host shares with the blocked ones the stream showed,
-    #: while its own domain key says nothing (0 = none, the default: measured better on
-    #: eight seeds and a stream with new hosts, not yet switched on, for the fingerprint,
-    #: its unrun CuPy path and 12,000 signals; docs/learning.md, "A first-seen
-    #: destination", "New hosts in the stream, ..."). Needs the domain key.
-    wide_novel_destinations: float = 0.0
+    #: while its own domain key says nothing (0 = none; 1, the default since 2026-11-30:
+    #: docs/learning.md, "A first-seen destination", "New hosts in the stream, ...", "The
+    #: first-seen mark made the default"). Needs the domain key.
+    wide_novel_destinations: float = 1.0
     #: ... and a key of this value on the pair term's call side when the call can carry
     #: data out (engine/known_names.py `egress_call`: an HTTP body, mail, an upload), so
     #: the channels share what they learn about the history (0 = none; docs/learning.md).
