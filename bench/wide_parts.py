@@ -21,9 +21,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from gated.daemon.trainer.wide_path import wide_row
 from gated.engine.config import ModelConfig
 from gated.engine.tokenizer import encode_source, source_batch, structured_features_of
-from gated.engine.wide import BIAS_BUCKET, NOVEL_AT, PAIR_KEYS, _segment_features
+from gated.engine.wide import BIAS_BUCKET, _segment_features
 
 #: The structured groups: (name in the table, the ModelConfig field that scales it; the
 #: other groups' fields are 0 when one group is computed)
@@ -71,12 +72,10 @@ def logit_parts(learner, cfg: ModelConfig, context: str,
     parts = {name: float(learner.logit(idx, val, 0.0, None,
                                        novel_at=_novel_at(name, idx, cfg))) if len(idx) else 0.0
              for name, (idx, val) in _group_features(context, history, cfg).items()}
-    batch = source_batch([(context, history)], cfg)
-    pair = tuple(batch[k][0] for k in PAIR_KEYS) if PAIR_KEYS[0] in batch else None
-    at = int(batch[NOVEL_AT][0]) if NOVEL_AT in batch else -1
-    z = float(learner.logit(batch["wide_idx"][0], batch["wide_val"][0], 0.0, pair, novel_at=at))
-    parts["pair"] = (z - float(learner.logit(batch["wide_idx"][0], batch["wide_val"][0],
-                                             0.0, None, novel_at=at)) if pair is not None else 0.0)
+    idx, val, pair, at = wide_row(source_batch([(context, history)], cfg), 0)
+    z = float(learner.logit(idx, val, 0.0, pair, novel_at=at))
+    parts["pair"] = (z - float(learner.logit(idx, val, 0.0, None, novel_at=at))
+                     if pair is not None else 0.0)
     return {**parts, "z": z}
 
 

@@ -75,8 +75,8 @@ def test_the_batch_says_where_the_ngrams_end_only_when_the_model_reads_them_scal
         ModelConfig(wide_familiarity=-1.0)
     # how the weights are read, not what they hold: a state stored before the field
     # existed, or at another value, loads (the fingerprint leaves the field out)
-    before = {k: v for k, v in dataclasses.asdict(off).items()  # wide_bias 1 and no
-              if k not in ("wide_familiarity", "wide_bias",  # first-seen mark: as before
+    before = {k: v for k, v in dataclasses.asdict(off).items()  # wide_bias 1: as before;
+              if k not in ("wide_familiarity", "wide_bias",  # the first-seen mark: ignored
                            "wide_novel_destinations")}
     assert off.fingerprint() == hashlib.blake2b(json.dumps(before, sort_keys=True).encode(),
                                                 digest_size=12).hexdigest()

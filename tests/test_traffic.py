@@ -415,18 +415,16 @@ def test_wide_parts_sum_to_the_logit_a_learner_gives(stream: list[Event]):
     every structured group on), after 300 signals learned, each probe's groups sum to the
     full wide logit -- a group the batch has and the split forgets would break the sum --
     and the groups the stream's calls use all take a part."""
+    from gated.daemon.trainer.wide_path import wide_row
     from gated.engine import Model, ModelConfig, source_batch
-    from gated.engine.wide import NOVEL_AT, PAIR_KEYS
     from gated.engine.wide_learner import WideAdaGrad
 
     cfg = ModelConfig.preset("flint")
     model = Model.init(cfg, seed=0, dtype="float64")
     learner = WideAdaGrad.for_model(model, np.zeros(model.num_params), lr=0.5, l2=1e-3)
 
-    def features(e: Event) -> tuple:
-        b = source_batch([(e.signal["context"], e.signal.get("history"))], cfg)
-        return (b["wide_idx"][0], b["wide_val"][0], tuple(b[k][0] for k in PAIR_KEYS),
-                int(b[NOVEL_AT][0]))
+    def features(e: Event) -> tuple:  # (idx, val, pair, novel_at), as the trainer's
+        return wide_row(source_batch([(e.signal["context"], e.signal.get("history"))], cfg), 0)
     for e in stream[:300]:
         idx, val, pair, at = features(e)
         learner.learn(idx, val, 0.0, *label_weight(e.signal), pair, novel_at=at)

@@ -8,10 +8,10 @@ import dataclasses
 
 import numpy as np
 
+from gated.daemon.trainer.wide_path import wide_row
 from gated.engine.config import ModelConfig
 from gated.engine.model import Model
 from gated.engine.tokenizer import source_batch
-from gated.engine.wide import NOVEL_AT, PAIR_KEYS
 from gated.engine.wide_learner import WideAdaGrad
 
 
@@ -24,10 +24,10 @@ class WideOnly:
         self.learner = WideAdaGrad.for_model(model, np.zeros(model.num_params), l2=1e-3)
 
     def _features(self, context: str, history: list[str] | None) -> tuple:
-        b = source_batch([(context, history)], self.cfg)
-        pair = tuple(b[k][0] for k in PAIR_KEYS) if PAIR_KEYS[0] in b else None
-        novel_at = int(b[NOVEL_AT][0]) if NOVEL_AT in b else -1  # the first-seen mark's key
-        return b["wide_idx"][0], b["wide_val"][0], 0.0, pair, novel_at
+        """(idx, val, z_rest 0, pair, where the domain key sits): the row as the daemon's
+        wide path hands it to its learner (`wide_row`)."""
+        idx, val, pair, novel_at = wide_row(source_batch([(context, history)], self.cfg), 0)
+        return idx, val, 0.0, pair, novel_at
 
     def learn(self, context: str, history: list[str] | None, label: float) -> None:
         idx, val, z_rest, pair, novel_at = self._features(context, history)
