@@ -501,6 +501,10 @@ def main() -> None:
     machine = (f"{platform.machine()}, {len(os.sched_getaffinity(0))} cores, Python "
                f"{platform.python_version()}, numpy {np.__version__}"
                + ("" if a.backend == "numpy" else f", engine on {_gpu_name()} (cupy)"))
+    if a.backend == "numpy":  # the trainer's step rate depends on it (docs_section.speed_probe)
+        from docs_section import speed_probe
+
+        machine += f"; {speed_probe()}"
     head = (f"Machine: {machine}. Stream: gated.traffic seed {a.seed}, {a.signals} signals "
             f"at {a.rate:g}/s of virtual time, policy v1 -> v2 after {a.switch_at}"
             + (f", {a.fresh_hosts:g} of its outside hosts new" if a.fresh_hosts else "") + ".")

@@ -52,7 +52,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from anchor import HashedNgramLR, anchor_text, label_weight  # noqa: E402
 from bench_learning import CHECK_EVERY, Probes, _acc, _paired, _recall_block  # noqa: E402
 from bench_soak import Daemon  # noqa: E402
-from docs_section import machine  # noqa: E402
+from docs_section import machine, speed_probe  # noqa: E402
 from learning_report import both_perfect, reached_95  # noqa: E402
 
 from gated.client import Client  # noqa: E402
@@ -381,7 +381,9 @@ def main() -> None:
     ap.add_argument("--section", default=None, help="heading suffix for docs/benchmarks.md")
     a = ap.parse_args()
     where = a.device.upper() if a.device == "cpu" else "GPU (--device cuda)"
-    head = (f"Machine: {machine()}. A real `gated run` (preset {a.preset}, {where}, defaults"
+    head = (f"Machine: {machine()}"
+            + (f"; {speed_probe()}" if a.device == "cpu" else "")
+            + f". A real `gated run` (preset {a.preset}, {where}, defaults"
             + (f", trainer_threads {a.trainer_threads}" if a.trainer_threads else "")
             + f"); stream: gated.traffic seed {a.seed}, {a.signals} signals at {a.rate:g}/s "
             f"of real time, policy v1 -> v2 after {a.switch_at}.")

@@ -53,3 +53,29 @@ def test_a_short_live_stream_is_scored_and_fully_taken_in(tmp_path):
                                                for x in alarms.group(1).split(", ")]
     assert all(0 < a <= signals for a in at) and int(alarms.group(2)) <= len(at), out
     assert re.search(r"CPU seconds over the stream: trainer \d+", out)
+    # the machine line carries the speed probe, measured, at 1 thread and at every core
+    probe = re.search(r"speed probe: float32 256x256 @ 256x1024 (\d+) GFLOP/s at 1 thread"
+                      r"(?:, (\d+) GFLOP/s at \d+ threads)?; a Python dict loop ([\d.]+) M", out)
+    assert probe is not None and int(probe.group(1)) > 0 and float(probe.group(3)) > 0, out
+
+
+def test_the_speed_probe_times_each_thread_count_in_its_own_interpreter():
+    """Each thread count is a fresh interpreter with BLAS told its threads before NumPy
+    loads; a count that cannot run says so instead of a number."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from docs_section import speed_probe
+
+    line = speed_probe((1, 2))
+    got = re.fullmatch(r"speed probe: float32 256x256 @ 256x1024 (\d+) GFLOP/s at 1 thread, "
+                       r"(\d+) GFLOP/s at 2 threads; a Python dict loop ([\d.]+) M iterations/s",
+                       line)
+    assert got is not None, line
+    assert int(got.group(1)) > 0 and int(got.group(2)) > 0 and float(got.group(3)) > 0
+    # an interpreter that fails (a BLAS thread count it refuses is not portable to
+    # provoke; a missing executable is): the line says the counts are not comparable
+    real = sys.executable
+    try:
+        sys.executable = str(ROOT / "no-such-python")
+        assert speed_probe((1,)).startswith("speed probe failed (FileNotFoundError")
+    finally:
+        sys.executable = real
