@@ -36,6 +36,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_learning import VARIANTS, field_overrides  # noqa: E402
+from docs_section import section_suffix_error  # noqa: E402
 
 from gated.engine import AdamW, Model, ModelConfig, build_batch, source_batch, train_step  # noqa: E402
 from gated.traffic import GatewayTraffic  # noqa: E402
@@ -123,6 +124,8 @@ def main() -> None:
     ap.add_argument("--section", default="",
                     help="write under '## Source encoding ablation (offline, SECTION)'")
     a = ap.parse_args()
+    if (bad := section_suffix_error("Source encoding ablation", a.section)) is not None:
+        ap.error(bad)
     overrides = model_overrides(a.model)
     # The wide path learns online by its own AdaGrad (docs/design.md), so the offline
     # ablation compares the encodings through the transformer alone.

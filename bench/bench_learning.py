@@ -47,6 +47,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from anchor import HashedNgramLR, anchor_text, label_weight  # noqa: E402
+from docs_section import section_suffix_error  # noqa: E402
 from learning_report import TABLE_HEAD, by_category, row_text, summary  # noqa: E402
 
 from gated.config import TrainConfig  # noqa: E402
@@ -496,6 +497,8 @@ def main() -> None:
     ap.add_argument("--write", action="store_true", help="record in docs/benchmarks.md")
     ap.add_argument("--section", default=None, help="heading suffix for docs/benchmarks.md")
     a = ap.parse_args()
+    if (bad := section_suffix_error("Learning", a.section)) is not None:
+        ap.error(bad)
     signal.signal(signal.SIGTERM, lambda _signum, _frame: STOP.set())
     overrides = field_overrides(TrainConfig, a.set, "--set")  # [train] settings
     machine = (f"{platform.machine()}, {len(os.sched_getaffinity(0))} cores, Python "

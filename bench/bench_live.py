@@ -52,7 +52,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from anchor import HashedNgramLR, anchor_text, label_weight  # noqa: E402
 from bench_learning import CHECK_EVERY, Probes, _acc, _paired, _recall_block  # noqa: E402
 from bench_soak import Daemon  # noqa: E402
-from docs_section import machine, speed_probe  # noqa: E402
+from docs_section import machine, section_suffix_error, speed_probe  # noqa: E402
 from learning_report import both_perfect, reached_95  # noqa: E402
 
 from gated.client import Client  # noqa: E402
@@ -380,6 +380,8 @@ def main() -> None:
     ap.add_argument("--write", action="store_true", help="record in docs/benchmarks.md")
     ap.add_argument("--section", default=None, help="heading suffix for docs/benchmarks.md")
     a = ap.parse_args()
+    if (bad := section_suffix_error("Live daemon", a.section)) is not None:
+        ap.error(bad)
     where = a.device.upper() if a.device == "cpu" else "GPU (--device cuda)"
     head = (f"Machine: {machine()}"
             + (f"; {speed_probe()}" if a.device == "cpu" else "")

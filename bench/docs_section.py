@@ -27,6 +27,17 @@ def write_section(heading: str, text: str, path: Path = DOC) -> None:
     path.write_text(new.rstrip("\n") + "\n")
 
 
+def section_suffix_error(title: str, section: str | None) -> str | None:
+    """Why `section` cannot be a benchmark's `--section` (the suffix it appends to its
+    heading, "## <title> (<what ran>, <section>)"), or None when it can. Why: a whole
+    heading passed as the suffix gave "## Live daemon (flint, CPU, Live daemon (...))" in
+    benchmarks.md; said before a run of twenty minutes, not found after it."""
+    if section and (section.lstrip().startswith("#") or section.startswith(f"{title} (")):
+        return (f"--section is the end of the heading '## {title} (...', not a heading: give "
+                f"only what follows (e.g. 'main abc1234, seed 3'), not {section[:50]!r}")
+    return None
+
+
 def cpu_name(default: str | None = None) -> str:
     """The CPU's model name (/proc/cpuinfo), else `default` (platform.processor() or the
     architecture when None), for the machine line of a benchmark section."""

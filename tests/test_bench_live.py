@@ -79,3 +79,27 @@ def test_the_speed_probe_times_each_thread_count_in_its_own_interpreter():
         assert speed_probe((1,)).startswith("speed probe failed (FileNotFoundError")
     finally:
         sys.executable = real
+
+
+def test_a_whole_heading_as_section_is_refused_before_the_run():
+    """`--section` is appended to the benchmark's own heading: a whole heading there once
+    gave "## Live daemon (flint, CPU, Live daemon (...))" in benchmarks.md after a run of
+    ten minutes. Each benchmark that writes such a section refuses it at once (exit 2,
+    argparse's usage error), before it starts a daemon, trains or writes anything."""
+    doc = ROOT / "docs" / "benchmarks.md"
+    before = doc.stat().st_mtime_ns
+    for script, section in (("bench_live.py", "Live daemon (flint, CPU, main abc, seed 1)"),
+                            ("bench_learning.py", "## Learning (flint, CPU, seed 1)"),
+                            ("bench_encoding.py", "Source encoding ablation (offline, x)")):
+        run = subprocess.run([sys.executable, f"bench/{script}", "--write", "--section",
+                              section], cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert run.returncode == 2, (script, run.stdout, run.stderr)
+        assert "--section is the end of the heading" in run.stderr, run.stderr
+        assert "give only what follows" in run.stderr
+    assert doc.stat().st_mtime_ns == before  # nothing written
+    # a suffix is accepted: the same check says nothing about it
+    sys.path.insert(0, str(ROOT / "bench"))
+    from docs_section import section_suffix_error
+
+    assert section_suffix_error("Live daemon", "main abc1234, seed 3") is None
+    assert section_suffix_error("Live daemon", None) is None
