@@ -57,8 +57,8 @@ def machine() -> str:
     return f"{cpu_name()}, {os.cpu_count()} cores, Python {platform.python_version()}"
 
 
-#: the speed probe's matrix product: a (SOURCE_TOKENS x D) by (D x 4D) float32 product,
-#: the shape of flint's feed-forward layer over one ~256-token source
+#: the speed probe's float32 product (m, k, n): (256 source positions x d_model 256) by
+#: (d_model x d_ff 1024), flint's first feed-forward product over one long source
 _PROBE_SHAPE = (256, 256, 1024)
 _PROBE_CODE = """
 import time, numpy as np
