@@ -88,6 +88,7 @@ class Watch(threading.Thread):
         self.samples: list[tuple[float, int, int, int, int]] = []
         self.alarms: list[int] = []
         self.withdrawn = 0
+        self.served: dict = {}  # status "served_logits": remembered, reused, computed
         self.stop = threading.Event()
 
     def run(self) -> None:
@@ -100,6 +101,7 @@ class Watch(threading.Thread):
                 new = int(learning.get("drift_detections", 0)) - len(self.alarms)
                 self.alarms += [int(s["last_trained_seq"])] * max(0, new)
                 self.withdrawn = int(learning.get("drift_withdrawn", self.withdrawn))
+                self.served = s.get("served_logits") or self.served
 
     def latest(self) -> tuple[float, int, int, int, int]:
         return self.samples[-1] if self.samples else (0.0, 0, 0, 0, 0)
@@ -186,6 +188,8 @@ def run(a: argparse.Namespace, tmp: Path) -> dict:
     probe = Probes(GatewayTraffic(seed=a.seed), a.probes, a.seed + 1000)
     anchor = HashedNgramLR()
     extra = f"\n[daemon]\ntrainer_threads = {a.trainer_threads}\n" if a.trainer_threads else ""
+    if a.served_logits is not None:
+        extra += f"\n[serving]\nserved_logits = {a.served_logits}\n"
     if a.set:  # [train] overrides, TOML values as written (e.g. drift_wide_shrink=1.0)
         extra += "\n[train]\n" + "".join(f"{kv.split('=', 1)[0].strip()} = "
                                           f"{kv.split('=', 1)[1].strip()}\n" for kv in a.set)
@@ -274,6 +278,7 @@ def run(a: argparse.Namespace, tmp: Path) -> dict:
             "late_at": late_at, "cpu": cpu, "stopped": stopped,
             "queue_max": max(during, default=0), "queue_end": during[-1] if during else 0,
             "steps": watch.latest()[2], "swaps": watch.latest()[4], "sources": sources,
+            "served": watch.served,
             "alarms": watch.alarms, "withdrawn": watch.withdrawn,
             "latency": np.array(latency),
             "probing": np.array(probing, dtype=bool), "acks": np.array(acks),
@@ -332,6 +337,9 @@ def summary(r: dict, switch_at: int, rate: float) -> list[str]:
            else "not drained in the wait")
         + f"; {r['steps']} trainer steps, {r['swaps']} swaps; SIGTERM: exit "
         f"{r['stopped'][0]} after {r['stopped'][1]:.1f} s",
+        f"- the trainer scored {r['served'].get('reused', 0):,} fresh signals with the "
+        f"transformer logit serving had answered their call with and ran the transformer "
+        f"again for {r['served'].get('computed', 0):,} (`served_logits` in `status`)",
         "- drift alarms, at the trainer's position in the stream when `status` (asked every "
         "second) first counted each: " + (", ".join(f"{a:,}" for a in r["alarms"]) or "none")
         + f" (the change at {switch_at:,}); withdrawn {r['withdrawn']}",
@@ -374,6 +382,9 @@ def main() -> None:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="a [train] setting for the daemon's config, e.g. --set "
                          "drift_wide_shrink=1.0 (TOML value)")
+    ap.add_argument("--served-logits", type=int, default=None, metavar="N",
+                    help="serving.served_logits (0: the trainer computes every fresh "
+                         "signal's transformer logit again; default: the daemon's)")
     ap.add_argument("--trace", default=None, metavar="FILE",
                     help="one JSON line per ordinary signal predicted (the served p, band "
                          "and version, the anchor's p, the TRUE label)")
@@ -387,6 +398,7 @@ def main() -> None:
             + (f"; {speed_probe()}" if a.device == "cpu" else "")
             + f". A real `gated run` (preset {a.preset}, {where}, defaults"
             + (f", trainer_threads {a.trainer_threads}" if a.trainer_threads else "")
+            + (f", served_logits {a.served_logits}" if a.served_logits is not None else "")
             + f"); stream: gated.traffic seed {a.seed}, {a.signals} signals at {a.rate:g}/s "
             f"of real time, policy v1 -> v2 after {a.switch_at}.")
     print(head, f"\n\n{TABLE_HEAD}", flush=True)

@@ -276,6 +276,8 @@ def test_the_wide_paths_progress_is_published_while_a_new_transformer_waits(tmp_
     assert trainer._maybe_swap(force=True) is True  # judged in full, published
     before = serving.current.model.flat.copy()
     version = trainer.status.version
+    token = serving.current.deep  # a new transformer published: a new token
+    assert token is not None and store.published_info()["deep"] == token
     # a transformer step (its weights changed) whose judgement the time share defers
     trainer.model.params["gate.w"][...] *= 1.5
     trainer._deep_version += 1
@@ -302,6 +304,8 @@ def test_the_wide_paths_progress_is_published_while_a_new_transformer_waits(tmp_
         np.testing.assert_array_equal(got[~is_wide], before[~is_wide])  # serving's transformer
     assert not np.array_equal(flat[~is_wide], before[~is_wide])  # the new one still waits
     assert trainer._steps_since_swap >= 1 and not trainer.wide_path.dirty
+    # the same transformer: the same token (a signal's served logit is still exact)
+    assert serving.current.deep == token and store.published_info()["deep"] == token
 
     # a worse wide path is refused: serving keeps its version
     trainer.model.params["wide.w"][...] *= -50.0
@@ -313,6 +317,10 @@ def test_the_wide_paths_progress_is_published_while_a_new_transformer_waits(tmp_
     # a rollback goes back to what was published: serving's transformer, the published wide
     trainer._rollback("test")
     np.testing.assert_array_equal(trainer.model.flat, published)
+    # published again in full (as after an operator's rollback): a token never seen
+    assert trainer.publish_now() is True
+    assert serving.current.deep not in (None, token)
+    assert store.published_info()["deep"] == serving.current.deep
     store.close()
 
 

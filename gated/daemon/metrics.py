@@ -59,6 +59,7 @@ SERIES: dict[str, str] = {
     "gated_wide_familiar": "gauge",
     "gated_replay_dropped_total": "counter",
     "gated_signals_backpropagated_total": "counter",
+    "gated_scored_reused_share": "gauge",
     "gated_train_steps_total": "counter",
     "gated_learning_rate": "gauge",
     "gated_grad_norm": "gauge",
@@ -200,6 +201,10 @@ class Metrics:
                                       "got a gradient (selective backprop: corrections, "
                                       "mistakes, unsure calls and a sample of the rest)",
                                       registry=r)
+        self.scored_reused = Gauge("gated_scored_reused_share", "Share of the fresh signals "
+                                   "the trainer process scored with the transformer logit "
+                                   "serving had answered their call with (not computed "
+                                   "again: [serving] served_logits)", registry=r)
         self.train_steps = Counter("gated_train_steps", "Optimiser steps taken (rolled-back "
                                    "steps are not counted)", registry=r)
         self.learning_rate = Gauge("gated_learning_rate", "Learning rate of the last step "

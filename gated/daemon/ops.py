@@ -131,6 +131,7 @@ class OpHandlers:
             if r is not None:
                 self.metrics.rejected(r["error"]["code"])
         if valid:
+            self.serving.served.attach(valid)  # the logits served for them (`ServedDeep`)
             acks = await self.committer.submit_async(valid)
             for i, (seq, dup) in zip(where, acks, strict=True):
                 results[i] = {"seq": seq, "duplicate": dup}

@@ -89,6 +89,8 @@ class Daemon(OpHandlers):
                 m.set_learning(payload["stats"], payload["backpropagated"])
             if payload.get("per_tool"):
                 m.set_per_tool(payload["per_tool"])
+            if payload.get("reused") is not None:
+                m.scored_reused.set(payload["reused"])
         elif name == "drift":
             m.drifted()
         elif name == "drift_verdict":
@@ -159,6 +161,11 @@ class Daemon(OpHandlers):
             "trainer": {"alive": self.supervisor.alive(), "pid": self.supervisor.pid,
                         "restarts": self.supervisor.restarts},
             "cache": {"entries": len(cache), "hits": cache.hits, "misses": cache.misses},
+            # transformer logits serving remembered for the signals to come, and how many
+            # fresh signals the trainer scored with them / ran the transformer for again
+            "served_logits": {"remembered": len(self.serving.served),
+                              "reused": t.get("scored_reused", 0),
+                              "computed": t.get("scored_computed", 0)},
             # the band serving answers with: closed while the trainer's evidence does not
             # back an allow yet (train.allow_band_after, train.allow_band_drift_hold)
             "allow_band_open": bool(self.serving.calibration.allow_open),
@@ -226,13 +233,15 @@ class Daemon(OpHandlers):
                 info = got[2]
                 serving = Serving(model_cfg, got[1], got[0], int(info.get("step", 0)),
                                   backend=self.backend, bands=bands,
-                                  cache_size=cfg.serving.cache_size)
+                                  cache_size=cfg.serving.cache_size, deep=info.get("deep"),
+                                  served_size=cfg.serving.served_logits)
                 if info.get("calibration"):
                     serving.calibration = Calibration(*info["calibration"])
                 return serving
         init = Model.init(model_cfg, seed=cfg.daemon.seed)
         serving = Serving(model_cfg, init.ops.to_numpy(init.flat), 0, 0, backend=self.backend,
-                          bands=bands, cache_size=cfg.serving.cache_size)
+                          bands=bands, cache_size=cfg.serving.cache_size,
+                          served_size=cfg.serving.served_logits)
         # nothing scored yet: no allow until the trainer's first publication says so
         serving.calibration = Calibration(allow_open=cfg.train.allow_band_after == 0)
         return serving

@@ -24,6 +24,7 @@ from ..engine import Model, ModelConfig, source_batch
 from ..engine.infer import InferencePlan
 from ..engine.wide import NGRAM_END
 from ..online.calibration import platt_map
+from ..signals import context_fingerprint
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,7 @@ class Scored(NamedTuple):
     p: np.ndarray  # calibrated p_allow, as `predict` answers
     snapshot: Snapshot  # the version that scored them
     sources: dict  # the batch as that calibration reads it (`Calibration.reads`)
+    reused: int = 0  # rows whose transformer logit came from `served` (not recomputed)
 
 
 @dataclass(frozen=True)
@@ -107,11 +109,17 @@ class Snapshot:
     model: Model  # owns a private copy of the weights; never mutated after publication
     #: the same weights arranged for the CPU forward (engine/infer.py); None on a GPU
     plan: InferencePlan | None = None
+    #: which transformer this is: a random token drawn when the trainer publishes new
+    #: transformer weights, kept by a publication of the wide path's progress beside them
+    #: (None: unknown). Equal tokens, equal transformer logits (`ServedDeep`).
+    deep: int | None = None
 
     @classmethod
-    def of(cls, cfg: ModelConfig, flat, version: int, step: int, backend: str) -> Snapshot:
+    def of(cls, cfg: ModelConfig, flat, version: int, step: int, backend: str,
+           deep: int | None = None) -> Snapshot:
         model = Model.from_flat(cfg, flat, backend=backend)
-        return cls(version, step, model, InferencePlan(model) if backend == "numpy" else None)
+        return cls(version, step, model, InferencePlan(model) if backend == "numpy" else None,
+                   deep)
 
     def logits(self, sources: dict, chunk: int = 16) -> np.ndarray:
         """Gate logits (float64, host) of a `source_batch`, in length-sorted chunks."""
@@ -172,24 +180,72 @@ class PredictionCache:
         return len(self._d)
 
 
+class ServedDeep:
+    """The transformer's part of the logits serving computed lately, by call fingerprint:
+    (the snapshot's `deep` token, z_deep). At ingest a signal for a call served this way
+    carries them into the signal log (`served`), and the trainer, scoring that signal
+    with a snapshot of the same token, reuses the logit instead of running the
+    transformer again: the same weights on the same call, so the same number (up to the
+    float rounding of another batch), and the forward it saves was ~40% of the trainer's
+    time on a 2-core CPU (docs/learning.md). Bounded LRU of 16-byte keys: a client's
+    long calls cost it nothing; `size` 0 turns it off."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._d: OrderedDict[bytes, tuple[int, float]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def note(self, items: Sequence[tuple[str, Sequence[str] | None]], deep: int | None,
+             z_deep: np.ndarray) -> None:
+        """Remember what the snapshot with token `deep` gave for each (context, history)."""
+        if self.size <= 0 or deep is None:
+            return
+        fps = [context_fingerprint(c, h) for c, h in items]
+        with self._lock:
+            for fp, zd in zip(fps, z_deep, strict=True):
+                self._d[fp] = (deep, float(zd))
+                self._d.move_to_end(fp)
+            while len(self._d) > self.size:
+                self._d.popitem(last=False)
+
+    def attach(self, signals: list[dict]) -> int:
+        """Set `served` on each validated signal whose call was served lately; how many."""
+        if self.size <= 0:
+            return 0
+        found = 0
+        for sig in signals:
+            fp = context_fingerprint(sig["context"], sig.get("history"))
+            with self._lock:
+                got = self._d.get(fp)
+            if got is not None:
+                sig["served"] = got
+                found += 1
+        return found
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+
 class Serving:
     """Holds the current snapshot and answers predict / explain from it."""
 
     def __init__(self, cfg: ModelConfig, flat: np.ndarray, version: int, step: int,
                  backend: str = "numpy", bands: Bands | None = None,
-                 cache_size: int = 0) -> None:
+                 cache_size: int = 0, deep: int | None = None,
+                 served_size: int = 0) -> None:
         self.cfg, self.backend = cfg, backend
         self.bands = bands or Bands()
         self.calibration = Calibration()
         self.cache = PredictionCache(cache_size)
-        self.current = Snapshot.of(cfg, flat, version, step, backend)
+        self.served = ServedDeep(served_size)
+        self.current = Snapshot.of(cfg, flat, version, step, backend, deep)
 
     def swap(self, flat, version: int, step: int,
-             calibration: Calibration | None = None) -> Snapshot:
+             calibration: Calibration | None = None, deep: int | None = None) -> Snapshot:
         """Publish a copy of `flat` as the new snapshot: one reference assignment (the
         calibration that goes with it first, so no prediction pairs new weights with an
-        old map for long)."""
-        snap = Snapshot.of(self.cfg, flat, version, step, self.backend)
+        old map for long). `deep`: its transformer's token (`Snapshot.deep`)."""
+        snap = Snapshot.of(self.cfg, flat, version, step, self.backend, deep)
         if calibration is not None:
             self.calibration = calibration
         self.current = snap
@@ -208,7 +264,7 @@ class Serving:
         info = got[2]
         cal = info.get("calibration")
         return self.swap(got[1], got[0], int(info.get("step", 0)),
-                         Calibration(*cal) if cal else None)
+                         Calibration(*cal) if cal else None, info.get("deep"))
 
     def move_to(self, backend: str, flat=None) -> Snapshot:
         """Rebuild the current snapshot on `backend` (the GPU -> CPU fallback), same
@@ -217,7 +273,7 @@ class Serving:
         snap = self.current
         if flat is None:
             flat = snap.model.ops.to_numpy(snap.model.flat)
-        new = Snapshot.of(self.cfg, flat, snap.version, snap.step, backend)
+        new = Snapshot.of(self.cfg, flat, snap.version, snap.step, backend, snap.deep)
         self.backend = backend
         self.current = new
         return new
@@ -234,22 +290,44 @@ class Serving:
         z = snap.logits(sources)
         return z, cal.of(z, sources, snap.model), snap
 
-    def score_parts(self, sources: dict) -> Scored:
+    def score_parts(self, sources: dict,
+                    served: Sequence[tuple[int, float] | None] | None = None) -> Scored:
         """`score_sources` with the transformer's part of each logit, the wide path's share
         computed once for both (the trainer's progressive validation and what its wide
-        learner learns from; the benchmark's probes). Predictions use `score_sources`,
-        which computes that share only when the calibration uses it."""
+        learner learns from; the benchmark's probes).
+
+        `served` (per row, from the signal log: `ServedDeep`): where a row's token is this
+        snapshot's, its transformer logit is taken from there and only the wide path's
+        share is computed; the transformer runs on the other rows alone."""
         snap, cal = self.current, self.calibration
         sources = cal.reads(sources)
-        z = snap.logits(sources)
-        z_deep = z - snap.model.wide_logit(sources)
-        return Scored(z, z_deep, cal.of(z, sources, snap.model, z_deep), snap, sources)
+        wide = snap.model.wide_logit(sources)
+        known = ([] if not served or snap.deep is None else
+                 [i for i, s in enumerate(served) if s is not None and s[0] == snap.deep])
+        if not known:
+            z = snap.logits(sources)
+            z_deep = z - wide
+        else:
+            z_deep = np.empty_like(wide)
+            z_deep[known] = [served[i][1] for i in known]  # type: ignore[index]
+            z = z_deep + wide
+            rest = np.setdiff1d(np.arange(wide.size), known)
+            if rest.size:
+                z[rest] = snap.logits({k: np.asarray(v)[rest] for k, v in sources.items()})
+                z_deep[rest] = z[rest] - wide[rest]
+        return Scored(z, z_deep, cal.of(z, sources, snap.model, z_deep), snap, sources,
+                      len(known))
 
     def predict_many(self, items: Sequence[tuple[str, Sequence[str] | None]]
                      ) -> tuple[np.ndarray, Snapshot]:
-        """Calibrated p_allow for (context, history) pairs, and the snapshot that served."""
-        _, p, snap = self.score_many(items)
-        return p, snap
+        """Calibrated p_allow for (context, history) pairs, and the snapshot that served;
+        the transformer's logits are remembered for the signals to come (`ServedDeep`)."""
+        if self.served.size <= 0:
+            _, p, snap = self.score_many(items)
+            return p, snap
+        scored = self.score_parts(source_batch(items, self.cfg))
+        self.served.note(items, scored.snapshot.deep, scored.z_deep)
+        return scored.p, scored.snapshot
 
     def predict(self, context: str, history: Sequence[str] | None = None) -> dict:
         p, snap = self.predict_many([(context, history)])

@@ -68,12 +68,19 @@ def trainer_status(trainer: Any) -> dict[str, Any]:
     return {"step": t.step, "version": t.version, "last_trained_seq": t.last_trained_seq,
             "loss": dict(t.last_loss), "rollbacks": t.rollbacks, "swaps": t.swaps,
             "last_checkpoint": t.last_checkpoint, "scored": w.total_scored,
+            "scored_reused": t.scored_reused, "scored_computed": t.scored_computed,
             "alignment": w.alignment, "window": len(w.items), "confusion": w.confusion(),
             "converged": trainer.converged(), "lr": trainer.opt.lr,
             "learning": trainer.monitor.stats(), "params": trainer.model.num_params,
             "on_gpu": trainer.on_gpu, "paused": trainer.paused,
             "promotion": None if trainer.promotion.last is None
             else trainer.promotion.last.as_dict()}
+
+
+def _reused_share(t: Any) -> float:
+    """Share of the fresh signals this trainer process scored with served logits."""
+    n = t.scored_reused + t.scored_computed
+    return t.scored_reused / n if n else 0.0
 
 
 class PipeEvents:
@@ -102,6 +109,8 @@ class PipeEvents:
                               "alignment": window.alignment, "window": len(window.items),
                               "confusion": window.confusion(), "converged": converged,
                               "stats": stats, "backpropagated": backpropagated,
+                              "reused": None if self.trainer is None else
+                              _reused_share(self.trainer.status),
                               "per_tool": None if self.trainer is None
                               else self.trainer.monitor.per_tool.stats()})
 

@@ -69,6 +69,10 @@ def _settle(replies: list[tuple[asyncio.Future, Results | None, BaseException | 
             future.set_exception(error)
 
 
+#: a normalised signal the daemon added the logit it served to (`ServedDeep.attach`)
+_WITH_SERVED_LOGIT = SIGNAL_KEY_SET | {"served"}
+
+
 def check_normalised(signals: Sequence[Mapping[str, Any]]) -> None:
     """Raise if a signal is not as `validate_signal` returns it, or its id cannot be a key.
 
@@ -77,7 +81,8 @@ def check_normalised(signals: Sequence[Mapping[str, Any]]) -> None:
     a caller skipped `validate_signal`, which is a bug, not a client error.
     """
     for i, s in enumerate(signals):
-        if type(s) is not dict or s.keys() != SIGNAL_KEY_SET:
+        if type(s) is not dict or (s.keys() != SIGNAL_KEY_SET
+                                   and s.keys() != _WITH_SERVED_LOGIT):
             got = sorted(map(str, s)) if isinstance(s, Mapping) else type(s).__name__
             raise TypeError(f"signal #{i} was not normalised by validate_signal() (its keys "
                             f"are {', '.join(SIGNAL_KEYS)}); got {got}")

@@ -33,17 +33,23 @@ def encode_record(sig: Mapping[str, Any], label: float, weight: float, received:
     for key in ("feedback", "reason", "id", "ts", "prediction_id"):
         if sig.get(key) is not None:
             rec[key] = sig[key]
+    if sig.get("served") is not None:  # set by the daemon, never by a client (`ServedDeep`)
+        rec["sd"] = [int(sig["served"][0]), float(sig["served"][1])]
     return pack(rec)
 
 
 def decode_record(data: bytes | memoryview) -> dict[str, Any]:
-    """A stored signal with every key present: the signal fields, label, weight, received."""
+    """A stored signal with every key present: the signal fields, label, weight, received,
+    and `served`: (transformer token, its logit) of the prediction serving answered for
+    this call before the signal came, or None (`ServedDeep`)."""
     rec = unpack(data)
+    sd = rec.get("sd")
     return {"context": rec["context"], "history": rec.get("history") or [],
             "decision": rec["decision"], "feedback": rec.get("feedback"),
             "reason": rec.get("reason"), "id": rec.get("id"), "ts": rec.get("ts"),
             "prediction_id": rec.get("prediction_id"), "label": rec["label"],
-            "weight": rec["weight"], "received": rec.get("rt")}
+            "weight": rec["weight"], "received": rec.get("rt"),
+            "served": (int(sd[0]), float(sd[1])) if sd else None}
 
 
 class SignalLog(StoreBase):

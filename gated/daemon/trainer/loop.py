@@ -81,6 +81,10 @@ class TrainerStatus:
     rollbacks: int = 0
     swaps: int = 0
     last_checkpoint: float = 0.0
+    #: fresh signals scored with the transformer logit serving answered them with
+    #: (`ServedDeep`), and with the transformer run again
+    scored_reused: int = 0
+    scored_computed: int = 0
 
 
 class Trainer(Control, GpuFallback, Publication, threading.Thread):
@@ -331,7 +335,7 @@ class Trainer(Control, GpuFallback, Publication, threading.Thread):
             # a newer signal (a correction, or the gate again) relabels its call's look
             self.wide_path.relabel(ex["fp"], ex["label"], corrected)
         self.latest.note(fresh_examples)  # before the wide path replays (`_wide_replay`)
-        self._candidates += self._score(fresh_examples)
+        self._candidates += self._score(fresh_examples, [sig.get("served") for _, sig in fresh])
         self.promotion.add([ex for ex in fresh_examples if ex["held"]])
         self.status.last_trained_seq = fresh[-1][0]
         self.store.reservoir_add([ex for ex in fresh_examples if not ex["held"]], self.rng)
@@ -360,7 +364,8 @@ class Trainer(Control, GpuFallback, Publication, threading.Thread):
         self._candidates = []
         return chosen
 
-    def _score(self, fresh: list[dict]) -> list[tuple[float, dict]]:
+    def _score(self, fresh: list[dict], served: list[tuple[int, float] | None] | None = None
+               ) -> list[tuple[float, dict]]:
         """Progressive validation of fresh examples on the serving snapshot, then selective
         backprop's candidates, ranked (lowest first).
 
@@ -371,12 +376,19 @@ class Trainer(Control, GpuFallback, Publication, threading.Thread):
         (p nearest 0.5; after a drift, the most wrong). The skipped ones are in the replay
         reservoir, and the wide path has learned from all of them. On a 2-core CPU this is
         what lets flint keep up with a gateway: most traffic is easy once learned.
+
+        `served`: per signal, the transformer logit serving answered its call with and
+        that transformer's token (`ServedDeep`); where the token is the serving snapshot's
+        here, the logit is reused rather than computed again.
         """
         s = self.settings
         allow_open = bool(self.serving.calibration.allow_open)  # the band they are served
         # read as serving reads them now (unscaled n-grams while adapting: `familiar`)
         scored = self.serving.score_parts(
-            source_batch([(e["context"], e["history"]) for e in fresh], self.model.cfg))
+            source_batch([(e["context"], e["history"]) for e in fresh], self.model.cfg),
+            served)
+        self.status.scored_reused += scored.reused
+        self.status.scored_computed += len(fresh) - scored.reused
         z, p, z_deep = scored.z, scored.p, scored.z_deep
         self.wide_path.learn(scored.sources, z_deep, fresh, self._wide_replay)
         hard: list[tuple[float, dict]] = []

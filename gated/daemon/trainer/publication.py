@@ -11,6 +11,7 @@ what the trainer resumes from (resume.py), then applies retention to the signal 
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from dataclasses import dataclass
 
@@ -164,14 +165,20 @@ class Publication:
             # step's time without its turns): not twice
             self._turn_seconds = counted
 
-    def _publish(self, flat, host: np.ndarray, step: int, judged: bool) -> None:
+    def _publish(self, flat, host: np.ndarray, step: int, judged: bool,
+                 deep: int | None = None) -> None:
         """The next version: `flat` to the serving snapshot, its host copy `host` (with the
-        calibration that goes with it) to LMDB; the wide path's progress is published."""
+        calibration that goes with it) to LMDB; the wide path's progress is published.
+        `deep`: the serving transformer's token when `flat` carries that transformer (the
+        wide path's progress); else the transformer is new and draws one
+        (`Snapshot.deep`: random, so no rollback or --reinit can repeat one)."""
         version = self.status.version + 1
-        self.serving.swap(flat, version, step)
+        if deep is None:
+            deep = secrets.randbits(62)
+        self.serving.swap(flat, version, step, deep=deep)
         cal = self.serving.calibration
         self.store.publish(version, host, step=step, keep=KEEP_VERSIONS,
-                           extra={"calibration": cal.as_list()})
+                           extra={"calibration": cal.as_list(), "deep": deep})
         self.status.version = version
         self.status.swaps += 1
         if judged:
@@ -203,7 +210,8 @@ class Publication:
         to_np = self.model.ops.to_numpy
         flat = self._host_copy(self.serving.current.model.flat)  # what was judged: serving's
         flat[wide] = to_np(self.model.flat[wide])  # ... with the training wide path
-        self._publish(flat, flat, self.serving.current.step, judged=True)
+        self._publish(flat, flat, self.serving.current.step, judged=True,
+                      deep=self.serving.current.deep)
         good = self._good  # its state: the last publication's (owned by `_good`) ...
         good.v[wide] = to_np(self.opt.v[wide])  # ... with the wide path's AdaGrad sums now
         self._good = _GoodState(flat, good.m, good.v, good.t)

@@ -28,12 +28,14 @@ def build_trainer(store, model_cfg: ModelConfig, settings: TrainConfig, *, seed:
         ewc_state = ckpt.ewc
         window = extra.get("window") or []
         monitor = extra.get("monitor")
-    published = store.load_published() if not reinit else None
+    published = store.load_published_head() if not reinit else None
+    deep = None  # the transformer's token (`Snapshot.deep`): unknown unless published
     if published is not None and published[0] >= version:
-        version, serve_flat = published[0], published[1]
+        version, serve_flat, deep = published[0], published[1], published[2].get("deep")
     else:
         serve_flat = model.ops.to_numpy(model.flat)
-    serving = Serving(model_cfg, serve_flat, version, step, backend=backend, bands=serving_bands)
+    serving = Serving(model_cfg, serve_flat, version, step, backend=backend, bands=serving_bands,
+                      deep=deep)
     trainer = Trainer(store, serving, model, settings, step=step, version=version,
                       last_trained_seq=last_seq, opt_state=opt_state, ewc_state=ewc_state,
                       events=events, seed=seed)
