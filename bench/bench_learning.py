@@ -17,6 +17,10 @@ daemon's loop does, and at its turns between a step's chunks (`train.wide_turns`
 the signals that arrived so far in the step.
 Every ordinary signal is scored by the serving model before it is trained on
 (progressive validation) and compared with the TRUE label, never with the noisy gate.
+As in the daemon (`[serving] served_logits`), the gateway's `predict` of each ordinary
+call comes first, off the virtual clock (serving's own process there), and the signal
+carries the transformer logit it was answered with, which the trainer's scoring reuses
+when its transformer is the same (`--served-logits off`: computed again, as before).
 
 The anchor sees the same signals with no time budget (it learns from every one, as
 fast as it likes), the same labels (gate decisions and corrections) and the same
@@ -51,9 +55,12 @@ from docs_section import section_suffix_error  # noqa: E402
 from learning_report import TABLE_HEAD, by_category, row_text, summary  # noqa: E402
 
 from gated.config import TrainConfig  # noqa: E402
+from gated.config.schema import ServingConfig  # noqa: E402
+from gated.daemon.serving import ServedDeep  # noqa: E402
 from gated.daemon.trainer import TrainerEvents, build_trainer  # noqa: E402
 from gated.engine import ModelConfig, source_batch  # noqa: E402
 from gated.online import brier_score, expected_calibration_error  # noqa: E402
+from gated.signals import validate_signal  # noqa: E402
 from gated.store import Store  # noqa: E402
 from gated.traffic import GatewayTraffic  # noqa: E402
 
@@ -191,7 +198,8 @@ class Probes:
 
 def run(preset: str, lr: float, rate: float, n_signals: int, switch_at: int, seed: int,
         variant: str = "v2", probes: int = 200, settings_kw: dict | None = None,
-        backend: str = "numpy", trace: str | None = None, fresh_hosts: float = 0.0) -> dict:
+        backend: str = "numpy", trace: str | None = None, fresh_hosts: float = 0.0,
+        served_logits: bool = True) -> dict:
     cfg = dataclasses.replace(ModelConfig.preset(preset), **VARIANTS[variant])
     settings = dataclasses.replace(TrainConfig(), lr=lr, **(settings_kw or {}))
     traffic = GatewayTraffic(seed=seed, fresh_hosts=fresh_hosts)
@@ -215,6 +223,8 @@ def run(preset: str, lr: float, rate: float, n_signals: int, switch_at: int, see
         store = Store(tmp)
         trainer, serving = build_trainer(store, cfg, settings, seed=seed, backend=backend)
         trainer.events = drifts = DriftLog()
+        if served_logits:  # as the daemon: [serving] served_logits
+            serving.served = ServedDeep(ServingConfig().served_logits)
         events: dict[int, object] = {}  # seq -> Event
         anchor_p: dict[int, float] = {}  # seq -> the anchor's p_allow before it learned it
         scored: list[tuple[float, bool]] = []  # gated (p, true_allow), ordinary signals
@@ -234,7 +244,7 @@ def run(preset: str, lr: float, rate: float, n_signals: int, switch_at: int, see
         def produce(now: float) -> None:
             """Append the signals due by virtual time `now` (the anchor sees each as it
             arrives: it predicts, then learns)."""
-            nonlocal produced
+            nonlocal produced, t0
             due = min(n_signals, int(now * rate) + 1)
             if due <= produced:
                 return
@@ -253,7 +263,21 @@ def run(preset: str, lr: float, rate: float, n_signals: int, switch_at: int, see
                     anchored.append((anchor_ps[-1], ev.true_allow))
                 y, w = label_weight(ev.signal)
                 anchor.learn(text, y, w)
-            for ev, pa, (seq, _dup) in zip(evs, anchor_ps, store.append_signals(batch),
+            if served_logits:
+                # The gateway asked serving before each call (not before a correction):
+                # the daemon's serving process, not the trainer, so off the virtual clock.
+                # Its transformer logits ride on the signals (`ServedDeep`).
+                t_served = time.perf_counter()
+                asked = [(ev.signal["context"], ev.signal.get("history")) for ev in evs
+                         if not ev.is_correction]
+                if asked:
+                    serving.predict_many(asked)
+                batch = [validate_signal(sig) for sig in batch]
+                serving.served.attach(batch)
+                t0 += time.perf_counter() - t_served
+            for ev, pa, (seq, _dup) in zip(evs, anchor_ps,
+                                            store.append_signals(batch,
+                                                                 validated=served_logits),
                                             strict=True):
                 events[seq] = ev
                 anchor_p[seq] = pa
@@ -381,7 +405,8 @@ def run(preset: str, lr: float, rate: float, n_signals: int, switch_at: int, see
                                                     serving.bands.allow),
             "allow_band_wait": (settings.allow_band_after, settings.allow_band_drift_hold),
             "switch_at": switch_at, "trained_steps": trained_examples,
-            "drifts": drifts.verdicts, "probes_changed": probe.changed_share()}
+            "drifts": drifts.verdicts, "probes_changed": probe.changed_share(),
+            "scored_reused": (trainer.status.scored_reused, trainer.status.scored_computed)}
 
 
 class DriftLog(TrainerEvents):
@@ -494,6 +519,12 @@ def main() -> None:
     ap.add_argument("--fresh-hosts", type=float, default=0.0, metavar="SHARE",
                     help="the share of the stream's outside hosts that are new (never seen; "
                          "GatewayTraffic.fresh_hosts); the probes are unchanged")
+    ap.add_argument("--served-logits", default="on", choices=("on", "off"),
+                    help="on (the daemon's default): each ordinary signal's call is "
+                         "predicted first, off the virtual clock (serving's process), and "
+                         "its transformer logit rides on the signal for the trainer to "
+                         "reuse; off: the trainer computes every logit again, as before "
+                         "b54c78b")
     ap.add_argument("--write", action="store_true", help="record in docs/benchmarks.md")
     ap.add_argument("--section", default=None, help="heading suffix for docs/benchmarks.md")
     a = ap.parse_args()
@@ -517,13 +548,18 @@ def main() -> None:
         for lr in a.lr:
             if STOP.is_set():
                 break  # SIGTERM: the run it cut short has printed its summary
-            title = f"{a.preset}, {variant}, lr {lr:g}" + "".join(f", {kv}" for kv in a.set)
+            title = (f"{a.preset}, {variant}, lr {lr:g}" + "".join(f", {kv}" for kv in a.set)
+                     + (", served logits off" if a.served_logits == "off" else ""))
             print(f"\n### {title}\n\n{TABLE_HEAD}", flush=True)
             t0 = time.time()
             r = run(a.preset, lr, a.rate, a.signals, a.switch_at, a.seed, variant, a.probes,
                     settings_kw=overrides, backend=a.backend, trace=a.trace,
-                    fresh_hosts=a.fresh_hosts)
-            lines = summary(r) + [""] + by_category(r)
+                    fresh_hosts=a.fresh_hosts, served_logits=a.served_logits == "on")
+            reused, computed = r["scored_reused"]
+            lines = summary(r) + [
+                f"- the trainer scored {reused:,} fresh signals with the transformer logit "
+                f"served for their call and ran the transformer again for {computed:,}"
+            ] + [""] + by_category(r)
             print("\n".join(lines), f"\n(wall {time.time() - t0:.0f} s)", flush=True)
             out += [f"### {title}", "", TABLE_HEAD,
                     *(row_text(x) for x in r["rows"]), "", *lines, ""]

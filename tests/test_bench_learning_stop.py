@@ -53,3 +53,9 @@ def test_sigterm_ends_the_stream_and_prints_the_summary_of_what_ran(tmp_path):
     assert "- paired with the anchor on the same signals" in out
     assert "- last 2000 scored, against the TRUE label: ECE" in out
     assert re.search(r"- keeping up: \d+ steps in [\d.]+ s of virtual time", out)
+    # as the daemon: the gateway's predict came first, and the trainer reused what it served
+    served = re.search(r"- the trainer scored ([\d,]+) fresh signals with the transformer logit "
+                       r"served for their call and ran the transformer again for ([\d,]+)", out)
+    assert served, out
+    reused, computed = (int(g.replace(",", "")) for g in served.groups())
+    assert reused > 0 and reused + computed >= produced

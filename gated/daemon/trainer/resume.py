@@ -3,6 +3,8 @@ published weights (or a fresh start)."""
 
 from __future__ import annotations
 
+import secrets
+
 from ...config import TrainConfig
 from ...engine import Model, ModelConfig
 from ..serving import Serving
@@ -29,11 +31,11 @@ def build_trainer(store, model_cfg: ModelConfig, settings: TrainConfig, *, seed:
         window = extra.get("window") or []
         monitor = extra.get("monitor")
     published = store.load_published_head() if not reinit else None
-    deep = None  # the transformer's token (`Snapshot.deep`): unknown unless published
     if published is not None and published[0] >= version:
+        # the transformer's token (`Snapshot.deep`): the one serving has with these weights
         version, serve_flat, deep = published[0], published[1], published[2].get("deep")
-    else:
-        serve_flat = model.ops.to_numpy(model.flat)
+    else:  # weights of this process's own: a token of its own (serving never has it)
+        serve_flat, deep = model.ops.to_numpy(model.flat), secrets.randbits(62)
     serving = Serving(model_cfg, serve_flat, version, step, backend=backend, bands=serving_bands,
                       deep=deep)
     trainer = Trainer(store, serving, model, settings, step=step, version=version,
