@@ -79,6 +79,7 @@ def test_only_rows_of_this_snapshots_transformer_are_taken_from_the_served_logit
 def test_served_memory_is_bounded_by_calls_and_off_at_zero():
     memo = ServedDeep(2)
     memo.note(ITEMS[:3], 11, np.array([0.1, 0.2, 0.3]))
+    assert memo.attach([]) == 0
     assert len(memo) == 2  # the oldest call was let go
     sigs = [{"context": c, "history": list(h or [])} for c, h in ITEMS[:3]]
     assert memo.attach(sigs) == 2
@@ -86,6 +87,10 @@ def test_served_memory_is_bounded_by_calls_and_off_at_zero():
     assert sigs[2]["served"] == (11, 0.3)
     memo.note(ITEMS[:1], None, np.array([1.0]))  # a snapshot of unknown transformer: kept out
     assert memo.attach([{"context": ITEMS[0][0], "history": list(ITEMS[0][1])}]) == 0
+    # keyed by the exact text the transformer reads: other whitespace is another call
+    # (the signals' fingerprint folds it, so it could not be the key)
+    spaced = [{"context": ITEMS[1][0].replace(" ", "  "), "history": []}]
+    assert memo.attach(spaced) == 0 and "served" not in spaced[0]
     off = ServedDeep(0)
     off.note(ITEMS, 11, np.zeros(len(ITEMS)))
     assert len(off) == 0 and off.attach(sigs) == 0

@@ -24,7 +24,6 @@ from ..engine import Model, ModelConfig, source_batch
 from ..engine.infer import InferencePlan
 from ..engine.wide import NGRAM_END
 from ..online.calibration import platt_map
-from ..signals import context_fingerprint
 
 
 @dataclass(frozen=True)
@@ -181,45 +180,54 @@ class PredictionCache:
 
 
 class ServedDeep:
-    """The transformer's part of the logits serving computed lately, by call fingerprint:
-    (the snapshot's `deep` token, z_deep). At ingest a signal for a call served this way
+    """The transformer's part of the logits serving computed lately, by call: (the
+    snapshot's `deep` token, z_deep). At ingest a signal for a call served this way
     carries them into the signal log (`served`), and the trainer, scoring that signal
     with a snapshot of the same token, reuses the logit instead of running the
-    transformer again: the same weights on the same call, so the same number (up to the
-    float rounding of another batch), and the forward it saves was ~40% of the trainer's
-    time on a 2-core CPU (docs/learning.md). Bounded LRU of 16-byte keys: a client's
-    long calls cost it nothing; `size` 0 turns it off."""
+    transformer again: the same weights on the same bytes, so the same number (up to the
+    float rounding of another batch); the forward it saves was ~40% of the trainer's time
+    on a 2-core CPU (docs/learning.md).
+
+    Keyed by the call's exact text (`key`: Python's hash, salted per process, and the
+    lengths), not by `context_fingerprint`, which folds whitespace the transformer reads,
+    and costs a BLAKE2b per signal on the ingest path. Bounded LRU of small keys: a
+    client's long calls cost it nothing; `size` 0 turns it off."""
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self._d: OrderedDict[bytes, tuple[int, float]] = OrderedDict()
+        self._d: OrderedDict[tuple, tuple[int, float]] = OrderedDict()
         self._lock = threading.Lock()
+
+    @staticmethod
+    def key(context: str, history: Sequence[str] | None) -> tuple:
+        hist = tuple(history or ())
+        return (hash(context), len(context), hash(hist), len(hist))
 
     def note(self, items: Sequence[tuple[str, Sequence[str] | None]], deep: int | None,
              z_deep: np.ndarray) -> None:
         """Remember what the snapshot with token `deep` gave for each (context, history)."""
         if self.size <= 0 or deep is None:
             return
-        fps = [context_fingerprint(c, h) for c, h in items]
+        keys = [self.key(c, h) for c, h in items]
         with self._lock:
-            for fp, zd in zip(fps, z_deep, strict=True):
-                self._d[fp] = (deep, float(zd))
-                self._d.move_to_end(fp)
+            for k, zd in zip(keys, z_deep, strict=True):
+                self._d[k] = (deep, float(zd))
+                self._d.move_to_end(k)
             while len(self._d) > self.size:
                 self._d.popitem(last=False)
 
     def attach(self, signals: list[dict]) -> int:
         """Set `served` on each validated signal whose call was served lately; how many."""
-        if self.size <= 0:
+        if self.size <= 0 or not self._d:
             return 0
+        keys = [self.key(sig["context"], sig.get("history")) for sig in signals]
         found = 0
-        for sig in signals:
-            fp = context_fingerprint(sig["context"], sig.get("history"))
-            with self._lock:
-                got = self._d.get(fp)
-            if got is not None:
-                sig["served"] = got
-                found += 1
+        with self._lock:
+            for sig, k in zip(signals, keys, strict=True):
+                got = self._d.get(k)
+                if got is not None:
+                    sig["served"] = got
+                    found += 1
         return found
 
     def __len__(self) -> int:
