@@ -364,7 +364,7 @@ class ServingConfig:
                                 "batched anyway)", lo=0.0, hi=1000.0)
     batch_max: int = _opt(32, "most predicts in one forward pass", lo=1, hi=4096)
     served_logits: int = _opt(8192, "calls whose served transformer logit is remembered "
-                              "(16-byte keys) so that their signal carries it and the "
+                              "(small keys) so that their signal carries it and the "
                               "trainer does not compute it again; 0 = off", lo=0,
                               hi=10_000_000)
 
