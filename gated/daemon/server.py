@@ -89,8 +89,10 @@ class Daemon(OpHandlers):
                 m.set_learning(payload["stats"], payload["backpropagated"])
             if payload.get("per_tool"):
                 m.set_per_tool(payload["per_tool"])
-            if payload.get("reused") is not None:
-                m.scored_reused.set(payload["reused"])
+            t = self.supervisor.status or {}  # this message's status (supervisor._handle)
+            scored = t.get("scored_reused", 0) + t.get("scored_computed", 0)
+            if scored:
+                m.scored_reused.set(t["scored_reused"] / scored)
         elif name == "drift":
             m.drifted()
         elif name == "drift_verdict":

@@ -77,12 +77,6 @@ def trainer_status(trainer: Any) -> dict[str, Any]:
             else trainer.promotion.last.as_dict()}
 
 
-def _reused_share(t: Any) -> float:
-    """Share of the fresh signals this trainer process scored with served logits."""
-    n = t.scored_reused + t.scored_computed
-    return t.scored_reused / n if n else 0.0
-
-
 class PipeEvents:
     """TrainerEvents that travel to the daemon as (name, payload, status) messages."""
 
@@ -109,8 +103,6 @@ class PipeEvents:
                               "alignment": window.alignment, "window": len(window.items),
                               "confusion": window.confusion(), "converged": converged,
                               "stats": stats, "backpropagated": backpropagated,
-                              "reused": None if self.trainer is None else
-                              _reused_share(self.trainer.status),
                               "per_tool": None if self.trainer is None
                               else self.trainer.monitor.per_tool.stats()})
 
