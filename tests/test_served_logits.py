@@ -56,6 +56,22 @@ def test_a_served_logit_of_the_same_transformer_is_reused_and_equals_the_recompu
     np.testing.assert_allclose(reused.p, computed.p, rtol=1e-6, atol=1e-7)
 
 
+def test_the_parts_add_up_to_the_whole_forward_and_the_served_p_is_the_unsplit_one():
+    """Scoring runs the transformer without the wide features and adds the wide path's
+    share computed apart (each once): the sum is the joint forward's logit, and the
+    calibrated p the same as calibrating that logit."""
+    serving = _serving()
+    snap, cal = serving.current, serving.calibration
+    sources = cal.reads(source_batch(ITEMS, serving.cfg))
+    parts = serving.score_parts(sources)
+    whole = snap.logits(sources)
+    np.testing.assert_allclose(parts.z, whole, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(parts.z - parts.z_deep, snap.model.wide_logit(sources),
+                               rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(parts.p, cal.of(whole, sources, snap.model), rtol=1e-5,
+                               atol=1e-6)
+
+
 def test_only_rows_of_this_snapshots_transformer_are_taken_from_the_served_logits():
     """A planted logit shows which rows were taken (the transformer did not run for them)
     and which were computed: another token, none, or a snapshot without one."""

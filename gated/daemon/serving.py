@@ -22,7 +22,7 @@ import numpy as np
 
 from ..engine import Model, ModelConfig, source_batch
 from ..engine.infer import InferencePlan
-from ..engine.wide import NGRAM_END
+from ..engine.wide import NGRAM_END, without_wide
 from ..online.calibration import platt_map
 
 
@@ -293,16 +293,15 @@ class Serving:
 
     def score_sources(self, sources: dict) -> tuple[np.ndarray, np.ndarray, Snapshot]:
         """`score_many` for a `source_batch` the caller already built."""
-        snap, cal = self.current, self.calibration
-        sources = cal.reads(sources)
-        z = snap.logits(sources)
-        return z, cal.of(z, sources, snap.model), snap
+        scored = self.score_parts(sources)
+        return scored.z, scored.p, scored.snapshot
 
     def score_parts(self, sources: dict,
                     served: Sequence[tuple[int, float] | None] | None = None) -> Scored:
-        """`score_sources` with the transformer's part of each logit, the wide path's share
-        computed once for both (the trainer's progressive validation and what its wide
-        learner learns from; the benchmark's probes).
+        """`score_sources` with the transformer's part of each logit: the transformer's
+        forward without the wide features and the wide path's share, each computed once
+        and added (the trainer's progressive validation and what its wide learner learns
+        from; calibration's transformer share; the benchmark's probes).
 
         `served` (per row, from the signal log: `ServedDeep`): where a row's token is this
         snapshot's, its transformer logit is taken from there and only the wide path's
@@ -312,17 +311,17 @@ class Serving:
         wide = snap.model.wide_logit(sources)
         known = ([] if not served or snap.deep is None else
                  [i for i, s in enumerate(served) if s is not None and s[0] == snap.deep])
+        deep_sources = without_wide(sources)
         if not known:
-            z = snap.logits(sources)
-            z_deep = z - wide
+            z_deep = snap.logits(deep_sources)
         else:
             z_deep = np.empty_like(wide)
             z_deep[known] = [served[i][1] for i in known]  # type: ignore[index]
-            z = z_deep + wide
             rest = np.setdiff1d(np.arange(wide.size), known)
             if rest.size:
-                z[rest] = snap.logits({k: np.asarray(v)[rest] for k, v in sources.items()})
-                z_deep[rest] = z[rest] - wide[rest]
+                z_deep[rest] = snap.logits({k: np.asarray(v)[rest]
+                                            for k, v in deep_sources.items()})
+        z = z_deep + wide
         return Scored(z, z_deep, cal.of(z, sources, snap.model, z_deep), snap, sources,
                       len(known))
 
@@ -330,11 +329,9 @@ class Serving:
                      ) -> tuple[np.ndarray, Snapshot]:
         """Calibrated p_allow for (context, history) pairs, and the snapshot that served;
         the transformer's logits are remembered for the signals to come (`ServedDeep`)."""
-        if self.served.size <= 0:
-            _, p, snap = self.score_many(items)
-            return p, snap
         scored = self.score_parts(source_batch(items, self.cfg))
-        self.served.note(items, scored.snapshot.deep, scored.z_deep)
+        if self.served.size > 0:
+            self.served.note(items, scored.snapshot.deep, scored.z_deep)
         return scored.p, scored.snapshot
 
     def predict(self, context: str, history: Sequence[str] | None = None) -> dict:

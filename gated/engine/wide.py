@@ -411,6 +411,12 @@ def wide_feature_keys(batch: dict, with_pair: bool) -> tuple[str, ...]:
             + (PAIR_KEYS if with_pair and PAIR_KEYS[0] in batch else ()))
 
 
+def without_wide(batch: dict) -> dict:
+    """`batch` without its wide features: a model then computes the transformer's part of
+    the gate logit alone (the forward skips the wide path when `wide_idx` is absent)."""
+    return {k: v for k, v in batch.items() if not k.startswith("wide_")}
+
+
 def pad_features(feats: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
     """Rows of sparse features as dense [B, K] (bucket 0, value 0 where padded: adds 0)."""
     k = max(1, max((f[0].shape[0] for f in feats), default=0))

@@ -57,6 +57,7 @@ import numpy as np
 from ...engine import source_batch
 from ...engine.infer import InferencePlan
 from ...engine.model import length_chunks
+from ...engine.wide import without_wide
 from ...signals import CORRECTIONS
 
 JUDGE_TIME_SHARE = 0.1  # the most of the trainer's time judging may take
@@ -328,7 +329,6 @@ class PromotionGate:
             if not plan:
                 on_cpu = getattr(model.ops, "name", "numpy") == "numpy"
                 plan.append(InferencePlan(model) if on_cpu else model)
-            return plan[0].predict_z({k: v for k, v in part.items()
-                                      if not k.startswith("wide_")})
+            return plan[0].predict_z(without_wide(part))
         self._z_deep, z = self._cached(self._z_deep, step, seqs, sources, forward, turns=True)
         return z
