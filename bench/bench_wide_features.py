@@ -191,7 +191,8 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
            drift_contra: tuple[float, int, float] = (1.0, 0, 0.0),
            pair_history: int = 0, doubt: tuple[float, float] = NO_DOUBT,
            parts_at: int = 0, familiarity: float = 0.0,
-           unscaled_adapting: int = 0, novel: float = 0.0, fresh_hosts: float = 0.0) -> dict:
+           unscaled_adapting: int = 0, novel: float = 0.0, fresh_hosts: float = 0.0,
+           look_now: str = "never") -> dict:
     """One setting's run; `lag` > 1 scores each signal with weights that have not yet
     learned the previous `lag` - 1 (updates applied in groups of `lag`), as the daemon's
     trainer scores a step's arrivals with the weights published before them. `pair_rank`
@@ -249,7 +250,10 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
     reason), `novel` `ModelConfig.wide_novel_destinations` (the first-seen destination
     mark, read and learned as the daemon's wide learner does; 0, off, here by default,
     for the same reason),
-    `fresh_hosts` the stream's `GatewayTraffic.fresh_hosts` (0: the stream as before)."""
+    `fresh_hosts` the stream's `GatewayTraffic.fresh_hosts` (0: the stream as before),
+    `look_now` when the second looks waiting from a policy change's estimated start on are
+    taken at once (`train.drift_look_now`: "never", the schedule as before it; "alarm";
+    "verdict", once the alarm is confirmed)."""
     cfg = dataclasses.replace(ModelConfig.preset("flint"), wide_call_words=words,
                               wide_history_cross=cross, wide_pair_rank=pair_rank,
                               wide_pair_pool=pool, wide_call_shapes=shapes,
@@ -315,6 +319,12 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
                            f_l[3], doubt=NO_DOUBT if corrected else doubt, novel_at=f_l[5])
         pending.clear()
 
+    def look_now_from(began: int) -> None:
+        for f_l, y_l, corrected in look.take_from(began):
+            wide.learn(*f_l[:3], y_l, early_block_weight(i + 1, y_l, early_looks != "first",
+                                                         *early_block),
+                       f_l[3], doubt=NO_DOUBT if corrected else doubt, novel_at=f_l[5])
+
     def z_of(events) -> np.ndarray:
         return np.array([z_of_one(feats(e.signal["context"], e.signal["history"]))
                          for e in events])
@@ -353,8 +363,12 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
                     for learner in getattr(wide, "learners", [wide]) if drift_cap > 0 else []:
                         np.minimum(learner.g2, drift_cap, out=learner.g2)
                     drifts.append((i, began, None))
+                    if look_now == "alarm":
+                        look_now_from(began)
                 for b, confirmed in detector.take_verdicts():
                     adapt_to_drift_verdict(wide, shrunk.pop(b, None), confirmed)
+                    if confirmed and look_now == "verdict":
+                        look_now_from(b)
                     k = next(j for j, d in enumerate(drifts) if d[1] == b and d[2] is None)
                     drifts[k] = (*drifts[k][:2], confirmed)
         look.note(fp, y, ev.is_correction)
@@ -530,6 +544,10 @@ def main() -> None:
                     help="at the probes after N signals (a multiple of --every) also print "
                          "each feature group's part of the probes' wide logits, per tool, "
                          "TRUE category and verdict (bench/wide_parts.py; 0: not)")
+    ap.add_argument("--look-now", choices=("never", "alarm", "verdict"), default="never",
+                    help="take the second looks waiting from a policy change's estimated "
+                         "start on at once: at the alarm, at its confirmed verdict, or never "
+                         "(the schedule as before it, the default)")
     ap.add_argument("--correction-weight", type=float, default=0.0,
                     help="the wide path's weight of a correction (0: DESIGN.md's, 4.0)")
     a = ap.parse_args()
@@ -568,7 +586,7 @@ def main() -> None:
                        a.call_mark_places, a.endpoint_addresses, a.early_looks, a.bias,
                        a.drift_shrink, contra, a.pair_history,
                        tuple(float(x) for x in a.doubt.split(":")), a.parts, a.familiarity,
-                       a.unscaled_adapting, a.novel, a.fresh_hosts)
+                       a.unscaled_adapting, a.novel, a.fresh_hosts, a.look_now)
             p0, p1 = (r["at"][p] for p in points)
 
             def pair(k: str, p0=p0, p1=p1) -> str:

@@ -702,6 +702,20 @@ def test_second_look_says_whether_its_label_is_a_correction():
     assert look.push(5, b"w", 1.0, "w") == [("x, corrected", 1.0, False)]
 
 
+def test_second_looks_from_a_policy_changes_start_are_taken_at_once_under_their_newest_label():
+    """`take_from(first, last)`: the looks of signals first..last leave the queue now, in
+    order, each with the newest label of its call; the ones before and after stay on
+    their schedule."""
+    look: SecondLook[int] = SecondLook(delay=10)
+    for seq in range(1, 7):
+        look.push(seq, bytes([seq]), 1.0, seq)
+    look.note(bytes([4]), 0.0, corrected=True)  # a person: signal 4's call is blocked
+    assert look.take_from(3, 5) == [(3, 1.0, False), (4, 0.0, True), (5, 1.0, False)]
+    assert len(look) == 3 and look.take_from(3, 5) == []  # each look is taken once
+    assert look.take_from(6) == [(6, 1.0, False)]  # no last: every later one
+    assert look.forget_before(3) == 2 and len(look) == 0
+
+
 def test_second_look_drops_what_came_before_a_policy_change_and_turns_off_at_zero():
     look: SecondLook[int] = SecondLook(delay=5)
     for seq in range(1, 6):

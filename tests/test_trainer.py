@@ -346,6 +346,32 @@ def test_the_wide_path_weighs_early_blocks_up_in_first_and_second_looks(tmp_path
     store.close()
 
 
+def test_a_drift_alarm_takes_the_new_policys_second_looks_at_once_unless_turned_off(tmp_path):
+    """`drift_look_now` (hot): at an alarm the wide path learns at once the waiting second
+    looks from the change's estimated start to the signal that raised it; the earlier
+    ones (the old policy's) are dropped either way, and with the setting off the new
+    policy's wait for their schedule. Counted through the real learner's `learn`."""
+    store, trainer, _ = _trainer(tmp_path, wide_second_look=10)
+    calls = []
+    learn = trainer.wide_path.learner.learn
+
+    def counting(*a, **kw):
+        calls.append(a[3])  # the label learned
+        return learn(*a, **kw)
+
+    trainer.wide_path.learner.learn = counting
+    store.append_signals([_sig(f"ls {k}", "allow" if k < 3 else "block") for k in range(6)])
+    trainer.train_on(store.read_signals(0, 64))
+    assert len(calls) == 6 and len(trainer.wide_path.second_look) == 6
+    trainer._on_drift(4, 5)  # began at signal 4 (1-based), seen at 5: signal 6's waits
+    assert calls[6:] == [0.0, 0.0] and len(trainer.wide_path.second_look) == 1
+    assert trainer.wide_path.dirty
+    trainer.apply_settings(dataclasses.replace(trainer.settings, drift_look_now=False))
+    trainer._on_drift(6, 6)
+    assert calls[8:] == [] and len(trainer.wide_path.second_look) == 1
+    store.close()
+
+
 def test_the_wide_path_takes_a_second_look_at_each_signal_under_its_corrected_label(tmp_path):
     """`wide_second_look`: every signal the wide path learned is learned once more that
     many signals later, at weight 1, under the newest label of its (context, history);
@@ -388,8 +414,9 @@ def test_the_wide_path_takes_a_second_look_at_each_signal_under_its_corrected_la
     assert holds == [2.5, 2.5, 2.5, 2.5, 0.0, 2.5, 0.0]  # first looks held, second not
     assert doubts == [NO_DOUBT] * 7  # the mail's looks are under its correction's label
     assert len(trainer.wide_path.second_look) == 3
-    trainer._on_drift(5, 6)  # a change began at signal 5: the looks of 3 and 4 are stale
-    assert len(trainer.wide_path.second_look) == 1
+    trainer._on_drift(5, 6)  # a change began at signal 5: the looks of 3 and 4 are stale,
+    assert len(trainer.wide_path.second_look) == 0  # 5's is the new policy's: taken now
+    assert seen[7:] == [(c, 1.0, 1.0)] and holds[7:] == [0.0]
     trainer.apply_settings(dataclasses.replace(trainer.settings, wide_second_look=0))
     holds.clear()
     (seq, _), = store.append_signals([_sig("ls dddd", "allow")])

@@ -90,6 +90,21 @@ class SecondLook(Generic[Payload]):
         self._queue = kept
         return len(dropped)
 
+    def take_from(self, first: int, last: int | None = None) -> list[DueLook[Payload]]:
+        """Release now, oldest first, the pending looks of signals `first` to `last`
+        (inclusive; None: every later one), each with the newest label of its call.
+
+        Why (docs/learning.md, "The new policy's second looks at once"): a confirmed
+        drift alarm comes 33-72 signals after a policy change began; what was learned
+        since its estimated start is the new policy's first evidence, learned once under
+        the old policy's steps. Its second look, `delay` signals later, would come after
+        the window in which the wide path adapts fastest has mostly passed."""
+        hi = float("inf") if last is None else last
+        due = [DueLook(payload, *self._release(fp))
+               for at, fp, payload in self._queue if first <= at <= hi]
+        self._queue = deque(item for item in self._queue if not first <= item[0] <= hi)
+        return due
+
     def clear(self) -> None:
         self._queue.clear()
         self._newest.clear()

@@ -452,7 +452,7 @@ class Trainer(Control, GpuFallback, Publication, threading.Thread):
         operator."""
         self.replay_floor = max(self.replay_floor, began_seq)
         self.promotion.forget(seen_seq)
-        shrunk = self.wide_path.on_drift(began_seq)  # its waiting looks: the old labels
+        shrunk = self.wide_path.on_drift(began_seq, seen_seq)
         if self.wide_path.dirty:
             # what the wide path holds unpublished (its weights shrunk by the alarm, or
             # learned since the last swap) serves at the next chance, not a swap interval

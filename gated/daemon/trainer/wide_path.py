@@ -20,7 +20,7 @@ from ...config import TrainConfig
 from ...engine import Model
 from ...engine.wide import NOVEL_AT, PAIR_KEYS
 from ...engine.wide_learner import NO_DOUBT, WideAdaGrad, WideBag
-from ...online.second_look import SecondLook
+from ...online.second_look import DueLook, SecondLook
 from ...signals import CORRECTIONS
 
 #: `n` -> (replayed examples, their `source_batch`): what the trainer's reservoir gives
@@ -93,7 +93,6 @@ class WidePath:
         s = self.settings
         # the pair term learns a contradicting "allow" at the second look, if there is one
         hold = s.wide_pair_hold if self.second_look.delay > 0 else 0.0
-        doubt = (s.wide_doubt_weight, s.wide_doubt_logits)  # an uncorrected second look's
         learn = [i for i, ex in enumerate(fresh) if not ex.get("held")]
         replay, r_src = draw_replay(len(learn) * s.wide_replay)
         per = len(replay) / max(1, len(learn))
@@ -109,12 +108,19 @@ class WidePath:
                 r_idx, r_val, r_pair, r_novel = wide_row(r_src, j)
                 self.learner.learn(r_idx, r_val, 0.0, replay[j]["label"], replay[j]["weight"],
                                    r_pair, novel_at=r_novel)
-            for (idx, val, pair, novel_at), label, corrected in self.second_look.push(
-                    ex["seq"], ex["fp"], ex["label"], row, not ordinary):
-                self.learner.learn(idx, val, 0.0, label,
-                                   self.early_block(ex["seq"], label, True), pair,
-                                   doubt=NO_DOUBT if corrected else doubt, novel_at=novel_at)
+            self._learn_looks(self.second_look.push(ex["seq"], ex["fp"], ex["label"], row,
+                                                    not ordinary), ex["seq"])
         self.dirty = True
+
+    def _learn_looks(self, due: list[DueLook], seq: int) -> None:
+        """Learn the second looks `due` when signal `seq` arrived, each under the newest
+        label of its call; one whose label is still the gate's own is doubted
+        (`train.wide_doubt_weight`, `_logits`) where the pair term says otherwise."""
+        s = self.settings
+        doubt = (s.wide_doubt_weight, s.wide_doubt_logits)
+        for (idx, val, pair, novel_at), label, corrected in due:
+            self.learner.learn(idx, val, 0.0, label, self.early_block(seq, label, True), pair,
+                               doubt=NO_DOUBT if corrected else doubt, novel_at=novel_at)
 
     def block_weight(self, ex: dict) -> float:
         """What a "block" label of signal `ex` weighs in this path's first look, whatever
@@ -131,9 +137,11 @@ class WidePath:
         return early_block_weight(seq, label, ordinary, s.wide_early_block_weight,
                                   s.wide_early_block_signals)
 
-    def on_drift(self, began_seq: int) -> bool:
-        """A policy change began at `began_seq`: the looks waiting from before it carry the
-        old policy's labels (dropped), AdaGrad's shrunken steps are relaxed
+    def on_drift(self, began_seq: int, seen_seq: int) -> bool:
+        """A policy change began at `began_seq` (the alarm came at signal `seen_seq`): the
+        looks waiting from before it carry the old policy's labels (dropped), the ones
+        from it on are the new policy's first evidence and are taken at once
+        (`train.drift_look_now`), AdaGrad's shrunken steps are relaxed
         (`train.drift_wide_relax`, the pair term's by `train.drift_wide_pair_relax`) so
         the path moves as fast as at the start, the linear weights shrink by
         `train.drift_wide_shrink` until the alarm's verdict (`on_drift_verdict`), a
@@ -147,6 +155,9 @@ class WidePath:
                               s.drift_wide_shrink, (s.drift_wide_contra_relax,
                                                     s.drift_wide_contra_examples,
                                                     s.drift_wide_contra_margin))
+        if self.learner is not None and s.drift_look_now:
+            self._learn_looks(self.second_look.take_from(began_seq, seen_seq), seen_seq)
+            self.dirty = True
         if undo is None:
             return False
         self._shrunk[began_seq] = undo
