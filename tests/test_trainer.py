@@ -351,7 +351,7 @@ def test_a_drift_alarm_takes_the_new_policys_second_looks_at_once_unless_turned_
     looks from the change's estimated start to the signal that raised it; the earlier
     ones (the old policy's) are dropped either way, and with the setting off the new
     policy's wait for their schedule. Counted through the real learner's `learn`."""
-    store, trainer, _ = _trainer(tmp_path, wide_second_look=10)
+    store, trainer, _ = _trainer(tmp_path, wide_second_look=10, drift_look_now=True)
     calls = []
     learn = trainer.wide_path.learner.learn
 
@@ -414,9 +414,8 @@ def test_the_wide_path_takes_a_second_look_at_each_signal_under_its_corrected_la
     assert holds == [2.5, 2.5, 2.5, 2.5, 0.0, 2.5, 0.0]  # first looks held, second not
     assert doubts == [NO_DOUBT] * 7  # the mail's looks are under its correction's label
     assert len(trainer.wide_path.second_look) == 3
-    trainer._on_drift(5, 6)  # a change began at signal 5: the looks of 3 and 4 are stale,
-    assert len(trainer.wide_path.second_look) == 0  # 5's is the new policy's: taken now
-    assert seen[7:] == [(c, 1.0, 1.0)] and holds[7:] == [0.0]
+    trainer._on_drift(5, 6)  # a change began at signal 5: the looks of 3 and 4 are stale
+    assert len(trainer.wide_path.second_look) == 1  # 5's waits (drift_look_now is off)
     trainer.apply_settings(dataclasses.replace(trainer.settings, wide_second_look=0))
     holds.clear()
     (seq, _), = store.append_signals([_sig("ls dddd", "allow")])

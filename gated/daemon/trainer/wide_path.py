@@ -141,7 +141,7 @@ class WidePath:
         """A policy change began at `began_seq` (the alarm came at signal `seen_seq`): the
         looks waiting from before it carry the old policy's labels (dropped), the ones
         from it on are the new policy's first evidence and are taken at once
-        (`train.drift_look_now`), AdaGrad's shrunken steps are relaxed
+        (with `train.drift_look_now`), AdaGrad's shrunken steps are relaxed
         (`train.drift_wide_relax`, the pair term's by `train.drift_wide_pair_relax`) so
         the path moves as fast as at the start, the linear weights shrink by
         `train.drift_wide_shrink` until the alarm's verdict (`on_drift_verdict`), a
