@@ -94,8 +94,8 @@ class SecondLook(Generic[Payload]):
         """Release now, oldest first, the pending looks of signals `first` to `last`
         (inclusive; None: every later one), each with the newest label of its call.
 
-        Why (docs/learning.md, "The new policy's second looks at once"): a confirmed
-        drift alarm comes 33-72 signals after a policy change began; what was learned
+        Why (docs/learning.md, "The new policy's second looks at once"): a drift alarm
+        comes 33-91 signals after a policy change began; what was learned
         since its estimated start is the new policy's first evidence, learned once under
         the old policy's steps. Its second look, `delay` signals later, would come after
         the window in which the wide path adapts fastest has mostly passed."""

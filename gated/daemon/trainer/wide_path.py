@@ -167,7 +167,7 @@ class WidePath:
     def drift_note(self, shrunk: bool) -> str:
         """What `on_drift` did beyond the relax, for the trainer's drift log ("" if
         nothing): the shrink (`shrunk`: it acted) and the contradiction window (open: the
-        learner says so, whatever decided it)."""
+        learner says so, whatever decided it), and the looks taken at once (`drift_look_now`)."""
         s, note = self.settings, ""
         if shrunk:
             note += f", the wide path's linear weights x{s.drift_wide_shrink:g} (kept if confirmed)"
@@ -176,6 +176,8 @@ class WidePath:
                      "path's features of a call it gets wrong by more than "
                      f"{s.drift_wide_contra_margin:g} logits step as if new (sums "
                      f"x{s.drift_wide_contra_relax:g})")
+        if self.learner is not None and s.drift_look_now:
+            note += ", the second looks waiting since the change's start taken now"
         return note
 
     def on_drift_verdict(self, began_seq: int, confirmed: bool) -> None:
