@@ -313,15 +313,12 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
             wide.learn(*f_p[:3], y_p, w_p * early_block_weight(
                 seq + 1, y_p, ordinary and early_looks != "second", *early_block),
                        f_p[3], pair_hold=pair_hold if look.delay else 0.0, novel_at=f_p[5])
-            for f_l, y_l, corrected in look.push(seq, fp, y_p, f_p, not ordinary):
-                wide.learn(*f_l[:3], y_l, early_block_weight(seq + 1, y_l, early_looks != "first",
-                                                             *early_block),
-                           f_l[3], doubt=NO_DOUBT if corrected else doubt, novel_at=f_l[5])
+            learn_looks(look.push(seq, fp, y_p, f_p, not ordinary), seq)
         pending.clear()
 
-    def look_now_from(began: int) -> None:
-        for f_l, y_l, corrected in look.take_from(began):
-            wide.learn(*f_l[:3], y_l, early_block_weight(i + 1, y_l, early_looks != "first",
+    def learn_looks(due, seq: int) -> None:  # the second looks due when signal `seq` came
+        for f_l, y_l, corrected in due:
+            wide.learn(*f_l[:3], y_l, early_block_weight(seq + 1, y_l, early_looks != "first",
                                                          *early_block),
                        f_l[3], doubt=NO_DOUBT if corrected else doubt, novel_at=f_l[5])
 
@@ -364,11 +361,11 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
                         np.minimum(learner.g2, drift_cap, out=learner.g2)
                     drifts.append((i, began, None))
                     if look_now == "alarm":
-                        look_now_from(began)
+                        learn_looks(look.take_from(began), i)
                 for b, confirmed in detector.take_verdicts():
                     adapt_to_drift_verdict(wide, shrunk.pop(b, None), confirmed)
                     if confirmed and look_now == "verdict":
-                        look_now_from(b)
+                        learn_looks(look.take_from(b), i)
                     k = next(j for j, d in enumerate(drifts) if d[1] == b and d[2] is None)
                     drifts[k] = (*drifts[k][:2], confirmed)
         look.note(fp, y, ev.is_correction)

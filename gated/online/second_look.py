@@ -20,6 +20,7 @@ which label). Its queue is in memory and is not checkpointed: a restart forgets 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from typing import Generic, NamedTuple, TypeVar
 
 Payload = TypeVar("Payload")
@@ -83,12 +84,7 @@ class SecondLook(Generic[Payload]):
     def forget_before(self, seq: int) -> int:
         """Drop the pending looks of signals before `seq` (a policy change began there:
         their labels are the old policy's); returns how many were dropped."""
-        kept = deque(item for item in self._queue if item[0] >= seq)
-        dropped = [item for item in self._queue if item[0] < seq]
-        for _, fp, _ in dropped:
-            self._release(fp)
-        self._queue = kept
-        return len(dropped)
+        return len(self._take(lambda at: at < seq))
 
     def take_from(self, first: int, last: int | None = None) -> list[DueLook[Payload]]:
         """Release now, oldest first, the pending looks of signals `first` to `last`
@@ -100,10 +96,14 @@ class SecondLook(Generic[Payload]):
         the old policy's steps. Its second look, `delay` signals later, would come after
         the window in which the wide path adapts fastest has mostly passed."""
         hi = float("inf") if last is None else last
-        due = [DueLook(payload, *self._release(fp))
-               for at, fp, payload in self._queue if first <= at <= hi]
-        self._queue = deque(item for item in self._queue if not first <= item[0] <= hi)
-        return due
+        return self._take(lambda at: first <= at <= hi)
+
+    def _take(self, picked: Callable[[int], bool]) -> list[DueLook[Payload]]:
+        """Take out of the queue, oldest first, the looks whose signal `picked` selects,
+        each with the newest label of its call; the rest keep their order."""
+        taken = [item for item in self._queue if picked(item[0])]
+        self._queue = deque(item for item in self._queue if not picked(item[0]))
+        return [DueLook(payload, *self._release(fp)) for _, fp, payload in taken]
 
     def clear(self) -> None:
         self._queue.clear()
