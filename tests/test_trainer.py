@@ -385,7 +385,7 @@ def test_the_wide_path_takes_a_second_look_at_each_signal_under_its_corrected_la
     # blocks at their own weight here (the early weight: the next test)
     store, trainer, _ = _trainer(tmp_path, wide_second_look=3, wide_pair_hold=2.5,
                                  wide_early_block_weight=1.0, wide_doubt_weight=0.5,
-                                 wide_doubt_logits=4.0)
+                                 wide_doubt_logits=4.0, drift_look_now=False)
     seen: list[tuple[str, float, float]] = []
     holds: list[float] = []
     doubts: list[tuple[float, float]] = []
@@ -416,7 +416,7 @@ def test_the_wide_path_takes_a_second_look_at_each_signal_under_its_corrected_la
     assert doubts == [NO_DOUBT] * 7  # the mail's looks are under its correction's label
     assert len(trainer.wide_path.second_look) == 3
     trainer._on_drift(5, 6)  # a change began at signal 5: the looks of 3 and 4 are stale
-    assert len(trainer.wide_path.second_look) == 1  # 5's waits (drift_look_now is off)
+    assert len(trainer.wide_path.second_look) == 1  # 5's waits (drift_look_now off)
     trainer.apply_settings(dataclasses.replace(trainer.settings, wide_second_look=0))
     holds.clear()
     (seq, _), = store.append_signals([_sig("ls dddd", "allow")])

@@ -263,14 +263,14 @@ class TrainConfig:
         "unscaled, not by their familiarity (model.wide_familiarity): the new policy's "
         "first blocks are learned on n-grams the scaling would read less; 0 = always "
         "scaled (docs/learning.md, 'Unscaled while adapting')", hot=True, lo=0, hi=1_000_000)
-    drift_look_now: bool = _opt(False, "at a drift alarm the wide path takes at once the "
+    drift_look_now: bool = _opt(True, "at a drift alarm the wide path takes at once the "
                                 "second looks waiting from the change's estimated start "
                                 "(train.wide_second_look would take them that many "
                                 "signals later): the new policy's first examples, learned "
                                 "again while its contradicted buckets step fast (measured "
-                                "in the wide-path harness: 387 -> 353 errors in the 250 "
-                                "signals after a change, twelve seeds, no probe lost; in "
-                                "the daemon, seed 15: 38-40 against 33, so off by default)",
+                                "in the daemon, six seeds: 190 against 215 errors in the "
+                                "250 signals after a change; docs/learning.md 'The new "
+                                "policy's second looks at once made the default')",
                                 hot=True)
     drift_wide_bag_all: int = _opt(500, "after a detected drift every member of the wide "
                                    "path's bag learns this many examples at least once (a "
