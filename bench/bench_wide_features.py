@@ -188,7 +188,7 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
            early_block: tuple[float, int] = (1.0, 0), call_places: bool = False,
            addresses: bool = False, early_looks: str = "both",
            bias: float | None = None, drift_shrink: float = 1.0,
-           drift_contra: tuple[float, int, float] = (1.0, 0, 0.0),
+           drift_contra: tuple[float, int, float, float] = (1.0, 0, 0.0, 1.0),
            pair_history: int = 0, doubt: tuple[float, float] = NO_DOUBT,
            parts_at: int = 0, familiarity: float = 0.0,
            unscaled_adapting: int = 0, novel: float = 0.0, fresh_hosts: float = 0.0,
@@ -230,9 +230,10 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
     members all learn that many examples after an alarm; 0 here by default, for the same
     reason), `drift_shrink` `train.drift_wide_shrink` (the linear weights' factor at an
     alarm, taken back if it is withdrawn; 1, off, here by default, for the same reason),
-    `drift_contra` (`train.drift_wide_contra_relax`, `_examples`, `_margin`: after an
-    alarm a contradicting label relaxes its buckets' sums; off here by default, for the
-    same reason), `pair_history` `ModelConfig.wide_pair_history` (the newest entries the
+    `drift_contra` (`train.drift_wide_contra_relax`, `_examples`, `_margin`, `_decay`:
+    after an alarm a contradicting label relaxes its buckets' sums and decays the
+    unsupported weights it pushes against; off here by default, for the same reason),
+    `pair_history` `ModelConfig.wide_pair_history` (the newest entries the
     pair term reads; 0, every entry, here by default, for the same reason), `doubt`
     (`train.wide_doubt_weight`, `_logits`: an uncorrected second look's "allow" the pair
     term contradicts by more than the logits steps at the weight; off here by default,
@@ -475,11 +476,13 @@ def main() -> None:
                     help="with --drift-relax: multiply the linear weights by this at an "
                          "alarm, taken back if it is withdrawn (train.drift_wide_shrink; 1: "
                          "off, as before it)")
-    ap.add_argument("--drift-contra", default="1:0:0", metavar="R:N:M",
+    ap.add_argument("--drift-contra", default="1:0:0", metavar="R:N:M[:D]",
                     help="with --drift-relax: for N examples after an alarm a label that "
                          "contradicts the wide logit by more than M multiplies its buckets' "
-                         "sums by R, each bucket once (train.drift_wide_contra_relax, "
-                         "_examples, _margin; default 1:0:0, off, as before it)")
+                         "sums by R, each bucket once, and the weights it pushes against "
+                         "that nothing in the window supported by D "
+                         "(train.drift_wide_contra_relax, _examples, _margin, _decay; "
+                         "default 1:0:0, off, as before it; D 1)")
     ap.add_argument("--drift-withdraw-below", type=float, default=None,
                     help="the drift recheck withdraws an alarm only at or under this share "
                          "of the threshold, else waits again (train.drift_withdraw_below; "
@@ -548,8 +551,8 @@ def main() -> None:
     ap.add_argument("--correction-weight", type=float, default=0.0,
                     help="the wide path's weight of a correction (0: DESIGN.md's, 4.0)")
     a = ap.parse_args()
-    r_, n_, m_ = a.drift_contra.split(":")
-    contra = (float(r_), int(n_), float(m_))
+    r_, n_, m_, *d_ = a.drift_contra.split(":")
+    contra = (float(r_), int(n_), float(m_), float(d_[0]) if d_ else 1.0)
     points = (a.switch_at - 500, a.signals - 500)
     print("| words | cross | l2 | pair rank, lr, pool | shapes | lr, init, veto, pair l2, known, "
           "sensitive, egress, block, endpoints, sql, places, hosts, shared | seed | "

@@ -440,15 +440,54 @@ def test_after_an_alarm_a_contradicting_label_relaxes_its_buckets_sums_once():
     assert accum[4] > 100.0
 
 
+def test_in_the_window_a_contradicting_label_decays_the_unsupported_weights_it_pushes_against():
+    """`relax_contradicted`'s `decay`: a contradicted example multiplies by it, before its
+    step, the weights whose part of the logit pushes against its label by more than
+    `CONTRA_DECAY_LEAST` -- unless an earlier example of the window pushed them toward its
+    own label (supported); weights at or under the threshold, and those pushing with the
+    label, only step. With decay 1 nothing decays, and outside the window neither."""
+    from gated.engine.wide_learner import CONTRA_DECAY_LEAST
+
+    def fresh(decay: float) -> tuple[WideAdaGrad, np.ndarray]:
+        weights, accum = np.zeros(8), np.full(8, 1e6)  # huge sums: steps ~1e-4, visible
+        weights[[1, 2, 3, 4]] = [2.0, 1.5, CONTRA_DECAY_LEAST, -1.0]
+        learner = WideAdaGrad(weights, accum, scale=1.0, lr=0.5, l2=0.0)
+        learner.relax_contradicted(1.0, 3, 0.0, decay)
+        return learner, weights
+
+    learner, w = fresh(0.5)
+    # an allowed call reading bucket 2 (+1.5 toward "allow"): supports it in the window
+    learner.learn(np.array([2, 5]), np.array([1.0, 1.0]), 0.0, 1.0, 1.0)
+    assert learner.contra_supported == {2}
+    before = w.copy()
+    # "block" on a call whose logit says allow by 2 + 1.5 + 0.3 - 1 = 2.8: contradicted
+    learner.learn(np.array([1, 2, 3, 4]), np.ones(4), 0.0, 0.0, 1.0)
+    assert abs(w[1] - 0.5 * before[1]) < 1e-3  # unsupported, pushing +2 against: halved
+    assert abs(w[2] - before[2]) < 1e-3  # supported by the allowed call: kept
+    assert abs(w[3] - before[3]) < 1e-3  # pushing only by the threshold: kept
+    assert abs(w[4] - before[4]) < 1e-3  # pushing with the label: kept
+    assert 4 in learner.contra_supported and 1 not in learner.contra_supported
+    learner.learn(np.array([1]), np.ones(1), 0.0, 0.0, 1.0)  # contradicted again: again
+    assert abs(w[1] - 0.25 * before[1]) < 2e-3 and learner.contra_left == 0
+    kept = w[1]
+    learner.learn(np.array([1]), np.ones(1), 0.0, 0.0, 1.0)  # past the window: steps only
+    assert abs(w[1] - kept) < 1e-3
+
+    learner, w = fresh(1.0)  # off
+    before = w.copy()
+    learner.learn(np.array([1, 2, 3, 4]), np.ones(4), 0.0, 0.0, 1.0)
+    np.testing.assert_allclose(w, before, atol=1e-3)
+
+
 def test_a_drift_alarm_opens_every_members_contradiction_window_until_withdrawn(tmp_path):
     """The trainer's drift alarm opens `drift_wide_contra_*`'s window on every member of
     the bag, with the settings' factor and margin; a withdrawn alarm closes it (the
-    labels that raised it were the gate's own mistakes); `drift_wide_contra_relax` 1 is
-    off."""
+    labels that raised it were the gate's own mistakes); `drift_wide_contra_relax` and
+    `drift_wide_contra_decay` both 1 is off, either one alone opens it."""
     store = Store(tmp_path / "s")
     settings = dataclasses.replace(TrainConfig(), drift_wide_contra_relax=0.1,
                                    drift_wide_contra_examples=300,
-                                   drift_wide_contra_margin=0.5)
+                                   drift_wide_contra_margin=0.5, drift_wide_contra_decay=1.0)
     trainer, _ = build_trainer(store, dataclasses.replace(ModelConfig.tiny(), wide_members=3),
                                settings, seed=0)
     bag = trainer.wide_path.learner
@@ -466,6 +505,11 @@ def test_a_drift_alarm_opens_every_members_contradiction_window_until_withdrawn(
     trainer.apply_settings(dataclasses.replace(settings, drift_wide_contra_relax=1.0))
     trainer._on_drift(3, 3)
     assert all(m.contra_left == 0 for m in bag.learners)
+    trainer.apply_settings(dataclasses.replace(settings, drift_wide_contra_relax=1.0,
+                                               drift_wide_contra_decay=0.5))
+    trainer._on_drift(4, 4)  # the decay alone opens the window, the sums left as they are
+    assert all((m.contra_left, m.contra_factor, m.contra_decay) == (300, 1.0, 0.5)
+               for m in bag.learners)
     store.close()
 
 

@@ -26,6 +26,12 @@ from .wide_logit import (
 #: `WideAdaGrad.learn`'s doubt when there is none: (factor 1, no threshold).
 NO_DOUBT = (1.0, 0.0)
 
+#: `WideAdaGrad._decay_unsupported` leaves a weight whose part of the member's linear
+#: logit pushes against the label by this much or less (measured in the harness: 0.3
+#: kept the decay to the old policy's confident marks and shapes; at 0 every byte n-gram
+#: of a flipped call decayed too, and the new policy's blocks were learned less by them)
+CONTRA_DECAY_LEAST = 0.3
+
 
 class WideAdaGrad:
     """Online AdaGrad on the wide path's weights, one signal at a time.
@@ -78,6 +84,10 @@ class WideAdaGrad:
         self.contra_left, self.contra_factor, self.contra_margin = 0, 1.0, 0.0
         self.contra_done: set[int] = set()
         self.contra_examples = 0  # the window's length when it opened
+        #: ... the factor on the unsupported weights a contradicting label pushes against
+        #: (1: off), and the buckets an example of the window has supported
+        self.contra_decay = 1.0
+        self.contra_supported: set[int] = set()
 
     @classmethod
     def for_model(cls, model, accum_flat, **kw) -> WideAdaGrad | WideBag:
@@ -177,8 +187,8 @@ class WideAdaGrad:
         if self._contradicted_allow(st, label, logits):
             weight *= factor
             st = self._gradient(idx, val, z_rest, label, weight, pair)
-        if self.contra_left > 0:
-            self._relax_if_contradicted(st, label)
+        if self.contra_left > 0 and self._relax_if_contradicted(st, label):
+            st = self._gradient(idx, val, z_rest, label, weight, pair)  # at the decayed weights
         if self._contradicted_allow(st, label, pair_hold):
             st["pair"] = []  # held: the linear weights step alone, on the same gradient
         elif (st["pair"] and self.destination_from is not None and label < 0.5
@@ -258,7 +268,8 @@ class WideAdaGrad:
         dz = weight * (0.5 * (1.0 + np.tanh(0.5 * z)) - label)
         out = {"idx": idx, "d_idx": d_idx, "w_now": w_now, "z": z,
                "z_pair": z_wide - z_lin,  # the pair term's part of the wide logit
-               "g": self.scale * dz * d_lin * val + self.l2 * w_now, "pair": []}
+               "g": self.scale * dz * d_lin * val + self.l2 * w_now, "pair": [],
+               "val": val}
         if sides:
             # per key: dz_pair/dU[c_k] = cv_k v_eff, dz_pair/dV[h_k] = hw_k u; summed per row
             for (uniq, inv, _, now), coef, other in ((sides[0], c_val, v_eff[0]),
@@ -293,11 +304,14 @@ class WideAdaGrad:
         before + learned (a withdrawn drift alarm)."""
         self.w[...] += (1.0 - factor) * before
 
-    def relax_contradicted(self, factor: float, examples: int, margin: float) -> None:
+    def relax_contradicted(self, factor: float, examples: int, margin: float,
+                           decay: float = 1.0) -> None:
         """For the next `examples` learned (signals, second looks, replays), an example
         whose label contradicts the logit by more than `margin` first multiplies the
         AdaGrad sums of its linear buckets by `factor`, each bucket once (a drift alarm
-        calls it: `train.drift_wide_contra_relax`; `examples` 0 ends it).
+        calls it: `train.drift_wide_contra_relax`; `examples` 0 ends it), and with `decay`
+        < 1 multiplies by `decay` the weights it pushes against that no example of the
+        window has supported yet (`_decay_unsupported`; `train.drift_wide_contra_decay`).
 
         Why (docs/learning.md, "Relaxing what the new policy contradicts"): after a policy
         change the host shapes and known names the old policy made confident (+2..+4 on
@@ -311,23 +325,54 @@ class WideAdaGrad:
         self.contra_left, self.contra_factor = max(0, int(examples)), float(factor)
         self.contra_margin, self.contra_done = float(margin), set()
         self.contra_examples = self.contra_left
+        self.contra_decay, self.contra_supported = float(decay), set()
 
     def in_window_first(self, n: int) -> bool:
         """Whether the contradiction window is open and fewer than `n` of its examples
         are learned yet (`train.drift_wide_unscaled_examples`)."""
         return self.contra_left > 0 and self.contra_examples - self.contra_left < n
 
-    def _relax_if_contradicted(self, st: dict, label: float) -> None:
-        """One example of `relax_contradicted`'s window: `st` is its `_gradient`."""
+    def _relax_if_contradicted(self, st: dict, label: float) -> bool:
+        """One example of `relax_contradicted`'s window: `st` is its `_gradient`. True if
+        weights decayed (`st` is then stale: the step must be taken at the new weights)."""
         self.contra_left -= 1
         z = st["z"]
-        if (z >= 0.0) == (label >= 0.5) or abs(z) <= self.contra_margin:
-            return
+        # each bucket's part of the logit, signed toward the label: > 0 supports it
+        push = st["w_now"] * st["val"] * (1.0 if label >= 0.5 else -1.0)
+        contradicted = (z >= 0.0) != (label >= 0.5) and abs(z) > self.contra_margin
+        decayed = contradicted and self.contra_decay != 1.0 and self._decay_unsupported(
+            st["idx"], push)
+        self.contra_supported.update(st["idx"][push > 0.0].tolist())
+        if not contradicted:
+            return False
         fresh = [j for j in st["idx"].tolist() if j not in self.contra_done]
         if fresh:
             self.contra_done.update(fresh)
             d = self.xp.asarray(np.asarray(fresh, dtype=np.intp))
             self.g2[d] = self.g2[d] * self.contra_factor
+        return decayed
+
+    def _decay_unsupported(self, idx: np.ndarray, push: np.ndarray) -> bool:
+        """Multiply by `contra_decay` the linear weights of a contradicted example that push
+        against its label by more than `CONTRA_DECAY_LEAST` logits and that no example of
+        the window has supported (pushed toward its label) yet.
+
+        Why (docs/learning.md, "Decaying what only the flipped calls read"): after a
+        change that blocks every package install, the old policy's known-package mark
+        (+2 logits toward "allow", learned from hundreds of allowed installs) is read by
+        the installs alone, and the relaxed sums still turn it only ~0.3 a contradiction:
+        five to seven blocked installs, more than the new policy's first 200 signals
+        show. A weight that the calls the change kept also read (the shared n-grams,
+        a tool's shapes) is supported by them and keeps its value; small weights (the
+        byte n-grams one at a time) are left to the steps, which learn the new policy on
+        the features an unseen value shares."""
+        bad = idx[(push < -CONTRA_DECAY_LEAST)
+                  & ~np.isin(idx, np.fromiter(self.contra_supported, np.int64,
+                                              len(self.contra_supported)))]
+        if len(bad):
+            d = self.xp.asarray(bad.astype(np.intp))
+            self.w[d] = self.w[d] * self.contra_decay
+        return bool(len(bad))
 
     def relax(self, factor: float, pair_factor: float | None = None) -> None:
         """Scale the squared-gradient sums by `factor` (0 = forget them), the pair term's
@@ -434,10 +479,11 @@ class WideBag:
         for learner, b in zip(self.learners, before, strict=True):
             learner.unshrink(b, factor)
 
-    def relax_contradicted(self, factor: float, examples: int, margin: float) -> None:
+    def relax_contradicted(self, factor: float, examples: int, margin: float,
+                           decay: float = 1.0) -> None:
         """`WideAdaGrad.relax_contradicted` on every member (each judges by its own logit)."""
         for learner in self.learners:
-            learner.relax_contradicted(factor, examples, margin)
+            learner.relax_contradicted(factor, examples, margin, decay)
 
     def relax(self, factor: float, pair_factor: float | None = None) -> None:
         """`WideAdaGrad.relax` on every member."""

@@ -154,7 +154,8 @@ class WidePath:
                               s.drift_wide_pair_relax, s.drift_wide_bag_all,
                               s.drift_wide_shrink, (s.drift_wide_contra_relax,
                                                     s.drift_wide_contra_examples,
-                                                    s.drift_wide_contra_margin))
+                                                    s.drift_wide_contra_margin,
+                                                    s.drift_wide_contra_decay))
         if self.learner is not None and s.drift_look_now:
             self._learn_looks(self.second_look.take_from(began_seq, seen_seq), seen_seq)
             self.dirty = True
@@ -175,7 +176,10 @@ class WidePath:
             note += (f", and for the next {s.drift_wide_contra_examples} examples the wide "
                      "path's features of a call it gets wrong by more than "
                      f"{s.drift_wide_contra_margin:g} logits step as if new (sums "
-                     f"x{s.drift_wide_contra_relax:g})")
+                     f"x{s.drift_wide_contra_relax:g}"
+                     + (f"; the weights it pushes against that nothing in the window "
+                        f"supported x{s.drift_wide_contra_decay:g})"
+                        if s.drift_wide_contra_decay != 1.0 else ")"))
         if self.learner is not None and s.drift_look_now:
             note += ", the second looks waiting since the change's start taken now"
         return note
@@ -218,15 +222,17 @@ def early_block_weight(seq: int, label: float, ordinary: bool, weight: float,
 def adapt_to_drift(second_look: SecondLook, learner: WideAdaGrad | WideBag | None,
                    began_seq: int, relax: float, pair_relax: float | None,
                    bag_all: int, shrink: float = 1.0,
-                   contra: tuple[float, int, float] = (1.0, 0, 0.0)) -> tuple | None:
+                   contra: tuple[float, int, float, float] = (1.0, 0, 0.0, 1.0)
+                   ) -> tuple | None:
     """What a drift alarm does to the wide path (`WidePath.on_drift`), in one place so that
     bench/bench_wide_features.py's replay responds to its alarms as the daemon does: the
     waiting second looks from before `began_seq` are dropped, AdaGrad's sums relaxed
     (`WideAdaGrad.relax`), the linear weights multiplied by `shrink`
     (`WideAdaGrad.shrink`), a bag's members all learn the next `bag_all` examples, and
-    the next examples whose labels contradict the path relax their buckets' sums
-    (`contra` = (factor, examples, margin): `WideAdaGrad.relax_contradicted`; factor 1 or
-    0 examples: off). Returns what `adapt_to_drift_verdict` needs to take the shrink back
+    the next examples whose labels contradict the path relax their buckets' sums and decay
+    their unsupported weights (`contra` = (factor, examples, margin, decay):
+    `WideAdaGrad.relax_contradicted`; factor and decay 1, or 0 examples: off). Returns
+    what `adapt_to_drift_verdict` needs to take the shrink back
     (None: nothing shrunk).
 
     Why the shrink acts at the alarm and not at its verdict ~50 signals later: the
@@ -239,7 +245,7 @@ def adapt_to_drift(second_look: SecondLook, learner: WideAdaGrad | WideBag | Non
         return None
     learner.relax(relax, pair_relax)
     learner.learn_all_for(bag_all)
-    if contra[0] != 1.0 and contra[1] > 0:
+    if (contra[0] != 1.0 or contra[3] != 1.0) and contra[1] > 0:
         learner.relax_contradicted(*contra)
     return (shrink, learner.shrink(shrink)) if shrink != 1.0 else None
 
