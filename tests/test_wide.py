@@ -473,6 +473,14 @@ def test_in_the_window_a_contradicting_label_decays_the_unsupported_weights_it_p
     learner.learn(np.array([1]), np.ones(1), 0.0, 0.0, 1.0)  # past the window: steps only
     assert abs(w[1] - kept) < 1e-3
 
+    learner, w = fresh(0.5)  # the looks a drift alarm takes at once count as no support
+    with learner.support_paused():
+        learner.learn(np.array([2, 5]), np.array([1.0, 1.0]), 0.0, 1.0, 1.0)
+    assert learner.contra_supported == set() and learner.contra_counts_support
+    before = w.copy()
+    learner.learn(np.array([2]), np.ones(1), 0.0, 0.0, 1.0)
+    assert abs(w[2] - 0.5 * before[2]) < 1e-3
+
     learner, w = fresh(1.0)  # off
     before = w.copy()
     learner.learn(np.array([1, 2, 3, 4]), np.ones(4), 0.0, 0.0, 1.0)

@@ -12,6 +12,9 @@ them as they are, and its `logit` reads them as serving does when told where the
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import numpy as np
 
 from .layout import views
@@ -85,9 +88,11 @@ class WideAdaGrad:
         self.contra_done: set[int] = set()
         self.contra_examples = 0  # the window's length when it opened
         #: ... the factor on the unsupported weights a contradicting label pushes against
-        #: (1: off), and the buckets an example of the window has supported
+        #: (1: off), the buckets an example of the window has supported, and whether the
+        #: examples learned now count as support (`support_paused`)
         self.contra_decay = 1.0
         self.contra_supported: set[int] = set()
+        self.contra_counts_support = True
 
     @classmethod
     def for_model(cls, model, accum_flat, **kw) -> WideAdaGrad | WideBag:
@@ -342,7 +347,8 @@ class WideAdaGrad:
         contradicted = (z >= 0.0) != (label >= 0.5) and abs(z) > self.contra_margin
         decayed = contradicted and self.contra_decay != 1.0 and self._decay_unsupported(
             st["idx"], push)
-        self.contra_supported.update(st["idx"][push > 0.0].tolist())
+        if self.contra_counts_support:
+            self.contra_supported.update(st["idx"][push > 0.0].tolist())
         if not contradicted:
             return False
         fresh = [j for j in st["idx"].tolist() if j not in self.contra_done]
@@ -351,6 +357,20 @@ class WideAdaGrad:
             d = self.xp.asarray(np.asarray(fresh, dtype=np.intp))
             self.g2[d] = self.g2[d] * self.contra_factor
         return decayed
+
+    @contextlib.contextmanager
+    def support_paused(self) -> Iterator[None]:
+        """What is learned inside counts as no support for `_decay_unsupported` (it still
+        counts in the window and is contradicted as ever). For the second looks a drift
+        alarm takes at once (`train.drift_look_now`): they start at the change's
+        estimated start, which can come ~50 signals before the change, and the old
+        policy's labels among them (the known installs it allowed) supported the very
+        weights the new policy's installs contradict."""
+        before, self.contra_counts_support = self.contra_counts_support, False
+        try:
+            yield
+        finally:
+            self.contra_counts_support = before
 
     def _decay_unsupported(self, idx: np.ndarray, push: np.ndarray) -> bool:
         """Multiply by `contra_decay` the linear weights of a contradicted example that push
@@ -484,6 +504,14 @@ class WideBag:
         """`WideAdaGrad.relax_contradicted` on every member (each judges by its own logit)."""
         for learner in self.learners:
             learner.relax_contradicted(factor, examples, margin, decay)
+
+    @contextlib.contextmanager
+    def support_paused(self) -> Iterator[None]:
+        """`WideAdaGrad.support_paused` on every member."""
+        with contextlib.ExitStack() as stack:
+            for learner in self.learners:
+                stack.enter_context(learner.support_paused())
+            yield
 
     def relax(self, factor: float, pair_factor: float | None = None) -> None:
         """`WideAdaGrad.relax` on every member."""

@@ -157,7 +157,8 @@ class WidePath:
                                                     s.drift_wide_contra_margin,
                                                     s.drift_wide_contra_decay))
         if self.learner is not None and s.drift_look_now:
-            self._learn_looks(self.second_look.take_from(began_seq, seen_seq), seen_seq)
+            with self.learner.support_paused():  # they may start before the change
+                self._learn_looks(self.second_look.take_from(began_seq, seen_seq), seen_seq)
             self.dirty = True
         if undo is None:
             return False
