@@ -445,7 +445,10 @@ def test_in_the_window_a_contradicting_label_decays_the_unsupported_weights_it_p
     step, the weights whose part of the logit pushes against its label by more than
     `CONTRA_DECAY_LEAST` -- unless an earlier example of the window pushed them toward its
     own label (supported); weights at or under the threshold, and those pushing with the
-    label, only step. With decay 1 nothing decays, and outside the window neither."""
+    label, only step. The looks a drift alarm takes at once count as no support; a
+    withdrawn alarm gives back what was taken (what was learned since stays). With decay
+    1 nothing decays, and outside the window neither."""
+    from gated.daemon.trainer.wide_path import adapt_to_drift_verdict
     from gated.engine.wide_learner import CONTRA_DECAY_LEAST
 
     def fresh(decay: float) -> tuple[WideAdaGrad, np.ndarray]:
@@ -480,6 +483,15 @@ def test_in_the_window_a_contradicting_label_decays_the_unsupported_weights_it_p
     before = w.copy()
     learner.learn(np.array([2]), np.ones(1), 0.0, 0.0, 1.0)
     assert abs(w[2] - 0.5 * before[2]) < 1e-3
+
+    learner, w = fresh(0.0)  # a withdrawn alarm gives back what the decay took
+    before = w.copy()
+    learner.learn(np.array([1, 2]), np.ones(2), 0.0, 0.0, 1.0)  # both zeroed, then a step
+    stepped = w.copy()
+    assert abs(stepped[1]) < 1e-3 and abs(stepped[2]) < 1e-3
+    assert adapt_to_drift_verdict(learner, None, confirmed=False)
+    np.testing.assert_allclose(w[[1, 2]], before[[1, 2]] + stepped[[1, 2]], atol=1e-12)
+    assert learner.contra_left == 0 and not learner.restore_decayed()
 
     learner, w = fresh(1.0)  # off
     before = w.copy()

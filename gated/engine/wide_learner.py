@@ -93,6 +93,8 @@ class WideAdaGrad:
         self.contra_decay = 1.0
         self.contra_supported: set[int] = set()
         self.contra_counts_support = True
+        #: what the decay took from each bucket since the window opened (`restore_decayed`)
+        self.contra_removed: dict[int, float] = {}
 
     @classmethod
     def for_model(cls, model, accum_flat, **kw) -> WideAdaGrad | WideBag:
@@ -331,6 +333,7 @@ class WideAdaGrad:
         self.contra_margin, self.contra_done = float(margin), set()
         self.contra_examples = self.contra_left
         self.contra_decay, self.contra_supported = float(decay), set()
+        self.contra_removed = {}
 
     def in_window_first(self, n: int) -> bool:
         """Whether the contradiction window is open and fewer than `n` of its examples
@@ -391,8 +394,24 @@ class WideAdaGrad:
                                               len(self.contra_supported)))]
         if len(bad):
             d = self.xp.asarray(bad.astype(np.intp))
-            self.w[d] = self.w[d] * self.contra_decay
+            now = self._host(self.w[d]).astype(np.float64)
+            self.w[d] = self.xp.asarray(now * self.contra_decay, dtype=self.w.dtype)
+            for j, taken in zip(bad.tolist(), (1.0 - self.contra_decay) * now, strict=True):
+                self.contra_removed[j] = self.contra_removed.get(j, 0.0) + float(taken)
         return bool(len(bad))
+
+    def restore_decayed(self) -> bool:
+        """Give back what `_decay_unsupported` took since the window opened, keeping what
+        was learned since (a withdrawn drift alarm: the contradicting labels were the
+        gate's own mistakes, and the weights they decayed were right). True if any."""
+        if not self.contra_removed:
+            return False
+        rows = np.fromiter(self.contra_removed, np.intp, len(self.contra_removed))
+        taken = np.fromiter(self.contra_removed.values(), np.float64, len(rows))
+        d = self.xp.asarray(rows)
+        self.w[d] = self.w[d] + self.xp.asarray(taken, dtype=self.w.dtype)
+        self.contra_removed = {}
+        return True
 
     def relax(self, factor: float, pair_factor: float | None = None) -> None:
         """Scale the squared-gradient sums by `factor` (0 = forget them), the pair term's
@@ -504,6 +523,10 @@ class WideBag:
         """`WideAdaGrad.relax_contradicted` on every member (each judges by its own logit)."""
         for learner in self.learners:
             learner.relax_contradicted(factor, examples, margin, decay)
+
+    def restore_decayed(self) -> bool:
+        """`WideAdaGrad.restore_decayed` on every member."""
+        return any([learner.restore_decayed() for learner in self.learners])
 
     @contextlib.contextmanager
     def support_paused(self) -> Iterator[None]:

@@ -255,13 +255,15 @@ def adapt_to_drift_verdict(learner: WideAdaGrad | WideBag | None, undo: tuple | 
                            confirmed: bool) -> bool:
     """A drift alarm's verdict for the wide path: withdrawn, the shrink `undo` (what
     `adapt_to_drift` returned) is taken back (`WideAdaGrad.unshrink`: what was learned
-    since stays) and what contradicts the path relaxes nothing more (the labels were the
-    gate's own mistakes). True if the weights changed."""
+    since stays), so is what the window's decay took (`WideAdaGrad.restore_decayed`), and
+    what contradicts the path relaxes and decays nothing more (the labels were the gate's
+    own mistakes). True if the weights changed."""
     if learner is None or confirmed:
         return False
+    restored = learner.restore_decayed()
     learner.relax_contradicted(1.0, 0, 0.0)
     if undo is None:
-        return False
+        return restored
     factor, before = undo
     learner.unshrink(before, factor)
     return True
