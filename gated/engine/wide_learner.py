@@ -389,9 +389,8 @@ class WideAdaGrad:
         a tool's shapes) is supported by them and keeps its value; small weights (the
         byte n-grams one at a time) are left to the steps, which learn the new policy on
         the features an unseen value shares."""
-        bad = idx[(push < -CONTRA_DECAY_LEAST)
-                  & ~np.isin(idx, np.fromiter(self.contra_supported, np.int64,
-                                              len(self.contra_supported)))]
+        bad = np.array([j for j in idx[push < -CONTRA_DECAY_LEAST].tolist()
+                        if j not in self.contra_supported], dtype=np.intp)  # a few at most
         if len(bad):
             d = self.xp.asarray(bad.astype(np.intp))
             now = self._host(self.w[d]).astype(np.float64)
