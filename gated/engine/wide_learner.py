@@ -345,13 +345,14 @@ class WideAdaGrad:
         weights decayed (`st` is then stale: the step must be taken at the new weights)."""
         self.contra_left -= 1
         z = st["z"]
-        # each bucket's part of the logit, signed toward the label: > 0 supports it
-        push = st["w_now"] * st["val"] * (1.0 if label >= 0.5 else -1.0)
         contradicted = (z >= 0.0) != (label >= 0.5) and abs(z) > self.contra_margin
-        decayed = contradicted and self.contra_decay != 1.0 and self._decay_unsupported(
-            st["idx"], push)
-        if self.contra_counts_support:
-            self.contra_supported.update(st["idx"][push > 0.0].tolist())
+        decayed = False
+        if self.contra_decay != 1.0:  # off: no support to keep either
+            # each bucket's part of the logit, signed toward the label: > 0 supports it
+            push = st["w_now"] * st["val"] * (1.0 if label >= 0.5 else -1.0)
+            decayed = contradicted and self._decay_unsupported(st["idx"], push)
+            if self.contra_counts_support:
+                self.contra_supported.update(st["idx"][push > 0.0].tolist())
         if not contradicted:
             return False
         fresh = [j for j in st["idx"].tolist() if j not in self.contra_done]
@@ -392,7 +393,7 @@ class WideAdaGrad:
         bad = np.array([j for j in idx[push < -CONTRA_DECAY_LEAST].tolist()
                         if j not in self.contra_supported], dtype=np.intp)  # a few at most
         if len(bad):
-            d = self.xp.asarray(bad.astype(np.intp))
+            d = self.xp.asarray(bad)
             now = self._host(self.w[d]).astype(np.float64)
             self.w[d] = self.xp.asarray(now * self.contra_decay, dtype=self.w.dtype)
             for j, taken in zip(bad.tolist(), (1.0 - self.contra_decay) * now, strict=True):
