@@ -230,7 +230,7 @@ def run(preset: str, lr: float, rate: float, n_signals: int, switch_at: int, see
         scored: list[tuple[float, bool]] = []  # gated (p, true_allow), ordinary signals
         served_open: list[bool] = []  # was the allow band open when each was scored
         switch_index: int | None = None  # index in `scored` of the first v2 signal
-        anchored: list[tuple[float, bool]] = []
+        anchored: list[tuple[float, bool]] = []  # the anchor's (p, true_allow), paired
         raw: list[tuple[float, bool]] = []  # gated before calibration (p >= 0.5 iff z >= 0)
         parts: list[tuple[float, float, bool]] = []  # (wide part, transformer part, TRUE)
         rows, queue_trace = [], []
@@ -259,8 +259,6 @@ def run(preset: str, lr: float, rate: float, n_signals: int, switch_at: int, see
                 produced += 1
                 text = anchor_text(ev.signal["context"], ev.signal.get("history"))
                 anchor_ps.append(anchor.predict_proba(text))
-                if not ev.is_correction:
-                    anchored.append((anchor_ps[-1], ev.true_allow))
                 y, w = label_weight(ev.signal)
                 anchor.learn(text, y, w)
             if served_logits:
@@ -312,18 +310,24 @@ def run(preset: str, lr: float, rate: float, n_signals: int, switch_at: int, see
                 step_clock = max(clock, min(arrival, trainer.next_swap_at))
                 trainer.publish_if_due()
                 clock = max(arrival, virtual_now())
-                continue
-            t0, step_clock = time.perf_counter(), clock
-            info = trainer.train_on(fresh, turns=settings.wide_turns)
-            clock += time.perf_counter() - t0
-            steps += info is not None
-            for seq, p, z, z_deep, allow_open in trainer.last_scores:
+                # a judgement there takes turns, which score the signals arriving meanwhile
+                scores = trainer.take_scores()
+                if not scores:
+                    continue
+            else:
+                t0, step_clock = time.perf_counter(), clock
+                info = trainer.train_on(fresh, turns=settings.wide_turns)
+                clock += time.perf_counter() - t0
+                steps += info is not None
+                scores = trainer.take_scores()
+            for seq, p, z, z_deep, allow_open in scores:
                 ev = events.pop(seq)
                 pa = anchor_p.pop(seq)
                 if not ev.is_correction:
                     if switch_index is None and seq > switch_at:  # seqs are 1-based
                         switch_index = len(scored)
                     scored.append((p, ev.true_allow))
+                    anchored.append((pa, ev.true_allow))
                     served_open.append(allow_open)
                     raw.append((float(z >= 0), ev.true_allow))
                     parts.append((z - z_deep, z_deep, ev.true_allow))
@@ -385,6 +389,9 @@ def run(preset: str, lr: float, rate: float, n_signals: int, switch_at: int, see
                 if produced >= n_signals and not events:
                     break
             queue_trace.append((round(clock, 1), queue))
+        if events:  # every signal is scored once: a checkpoint would compare the wrong ones
+            raise RuntimeError(f"{len(events)} signals of the stream were never scored "
+                               f"(first {min(events)}): the rows above are not paired")
         trained_examples = trainer.status.step
         store.close()
         if trace_file is not None:

@@ -42,11 +42,10 @@ def feed(backend: str, n: int, seed: int) -> dict[str, np.ndarray]:
         for _ in range(n):
             ev = traffic.next()
             store.append_signals([ev.signal])
-            trainer.last_scores = []
             t0 = time.perf_counter()
             trainer._take(store.read_signals(trainer.status.last_trained_seq, 16))
             took.append(time.perf_counter() - t0)
-            for _seq, pi, zi, _zd, _open in trainer.last_scores:
+            for _seq, pi, zi, _zd, _open in trainer.take_scores():
                 z.append(zi)
                 p.append(pi)
                 true.append(ev.true_allow)

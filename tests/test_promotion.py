@@ -383,8 +383,14 @@ def test_a_judgement_takes_turns_that_publish_only_the_wide_paths_progress(tmp_p
         store.append_signals(_signals(2, start=1000 + 2 * len(seen)))
     trainer.before_turn = signal_arrives
     last, before = trainer.status.last_trained_seq, len(events.decisions)
+    trainer.take_scores()  # what training scored before
     assert trainer._maybe_swap(force=False) is True
     turns = len(seen)
+    # outside any step (an idle trainer's publication), the turns' signals were scored,
+    # each once, for whoever counts them (bench/bench_learning.py lost them before)
+    assert [seq for seq, *_ in trainer.take_scores()] == list(
+        range(last + 1, trainer.status.last_trained_seq + 1))
+    assert trainer.take_scores() == []
     assert turns >= len(gate.ring) // promotion.TURN_ROWS - 1
     assert trainer.status.last_trained_seq >= last + 2 * (turns - 1)  # taken in the turns
     assert not any(same for _, same in seen)  # the candidate never served before its verdict

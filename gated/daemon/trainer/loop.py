@@ -114,8 +114,8 @@ class Trainer(Control, GpuFallback, Publication, threading.Thread):
             transformer_share_prior=0.0 if self.wide_path.learner is not None else 1.0))
         self.window = self.monitor.window
         #: (seq, calibrated p, raw logit, its transformer part, whether the allow band was
-        #: open) of each signal the last step scored; the rest of the raw logit is the
-        #: wide path's
+        #: open) of each signal scored since the last `train_on` began or `take_scores`;
+        #: the rest of the raw logit is the wide path's
         self.last_scores: list[tuple[int, float, float, float, bool]] = []
         self.status = TrainerStatus(step=step, version=version, last_trained_seq=last_trained_seq)
         self._wake = threading.Event()
@@ -316,6 +316,16 @@ class Trainer(Control, GpuFallback, Publication, threading.Thread):
             if self.status.step - self._last_ckpt_step >= s.checkpoint_every_steps:
                 self.checkpoint()
         return info
+
+    def take_scores(self) -> list[tuple[int, float, float, float, bool]]:
+        """The signals scored since the last `train_on` began or the last call (as
+        `last_scores`), handed over once. Why not `last_scores` after `train_on` alone:
+        an idle trainer's `publish_if_due` may judge a candidate, and the judgement's
+        turns take the signals that arrive meanwhile (`_judgement_turn`) -- a benchmark
+        that read the scores only after steps lost them and compared the anchor with
+        the wrong signals from there on (bench/bench_learning.py, seed 17: 87 of 11,448)."""
+        scores, self.last_scores = self.last_scores, []
+        return scores
 
     def _take(self, fresh: list[tuple[int, dict]]) -> None:
         """What every fresh signal gets, in order: progressive validation on the serving
