@@ -244,7 +244,7 @@ def test_turns_between_chunks_take_and_publish_the_signals_that_arrive_during_a_
 
     assert len(at_first_turn) == 4  # 16 rows in chunks of 4
     assert trainer.status.last_trained_seq == 22  # the arrivals were taken mid-step
-    assert {seq for seq, *_ in trainer.last_scores} == set(range(1, 23))
+    assert {seq for seq, *_ in trainer.take_scores()} == set(range(1, 23))
     mid = [v for v, in_step in swaps if in_step]
     assert mid, "the wide path's progress was published in the middle of the step"
     published = store.load_published_version(mid[0])

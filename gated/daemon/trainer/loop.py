@@ -114,9 +114,9 @@ class Trainer(Control, GpuFallback, Publication, threading.Thread):
             transformer_share_prior=0.0 if self.wide_path.learner is not None else 1.0))
         self.window = self.monitor.window
         #: (seq, calibrated p, raw logit, its transformer part, whether the allow band was
-        #: open) of each signal scored since the last `train_on` began or `take_scores`;
-        #: the rest of the raw logit is the wide path's
-        self.last_scores: list[tuple[int, float, float, float, bool]] = []
+        #: open) of each signal scored since the last `train_on` began or `take_scores`
+        #: (the one way to read them); the rest of the raw logit is the wide path's
+        self._scores: list[tuple[int, float, float, float, bool]] = []
         self.status = TrainerStatus(step=step, version=version, last_trained_seq=last_trained_seq)
         self._wake = threading.Event()
         self._stop_event = threading.Event()
@@ -281,7 +281,7 @@ class Trainer(Control, GpuFallback, Publication, threading.Thread):
         ends, so predictions do not wait for it. Their informative ones wait for the next
         step (`_candidates`)."""
         s = self.settings
-        self.last_scores = []
+        self._scores = []  # bounded where nobody takes them (the daemon)
         pending = bool(self._candidates)
         if fresh:
             self._take(fresh)
@@ -318,13 +318,13 @@ class Trainer(Control, GpuFallback, Publication, threading.Thread):
         return info
 
     def take_scores(self) -> list[tuple[int, float, float, float, bool]]:
-        """The signals scored since the last `train_on` began or the last call (as
-        `last_scores`), handed over once. Why not `last_scores` after `train_on` alone:
-        an idle trainer's `publish_if_due` may judge a candidate, and the judgement's
-        turns take the signals that arrive meanwhile (`_judgement_turn`) -- a benchmark
-        that read the scores only after steps lost them and compared the anchor with
-        the wrong signals from there on (bench/bench_learning.py, seed 17: 87 of 11,448)."""
-        scores, self.last_scores = self.last_scores, []
+        """The signals scored since the last `train_on` began or the last call, handed
+        over once. Why a verb and not a list read after `train_on`: an idle trainer's
+        `publish_if_due` may judge a candidate, and the judgement's turns take the
+        signals that arrive meanwhile (`_judgement_turn`) -- a benchmark that read the
+        scores only after steps lost them and compared the anchor with the wrong signals
+        from there on (bench/bench_learning.py, seed 17: 87 of 11,448)."""
+        scores, self._scores = self._scores, []
         return scores
 
     def _take(self, fresh: list[tuple[int, dict]]) -> None:
@@ -403,7 +403,7 @@ class Trainer(Control, GpuFallback, Publication, threading.Thread):
         self.wide_path.learn(scored.sources, z_deep, fresh, self._wide_replay)
         hard: list[tuple[float, dict]] = []
         for zi, pi, zdi, ex in zip(z, p, z_deep, fresh, strict=True):
-            self.last_scores.append((ex["seq"], float(pi), float(zi), float(zdi), allow_open))
+            self._scores.append((ex["seq"], float(pi), float(zi), float(zdi), allow_open))
             began = self.monitor.observe(ex["seq"], ex["fp"], ex["feedback"], ex["label"],
                                          float(zi), float(pi), tool_of(ex["context"]),
                                          float(zdi) if self.wide_path.learner is not None else 0.0,
