@@ -25,7 +25,8 @@ copies every named NumPy array in. Math, per DESIGN:
 - gate head on ``[mean-pool(enc over the call), mean-pool(enc over the history)]``
   (each pool divides by max(1, its token count): an empty history pools to zeros);
 - no wide path: the reference is the transformer, so compare with ``wide_buckets=0``
-  (the wide path has its own central-difference checks, tests/test_wide.py);
+  (the wide path has its own central-difference checks, tests/test_wide.py and
+  test_wide_pair.py);
 - loss ``lambda_bce * (1/B) sum_i w_i l_i + lambda_ce * CE`` with CE the sum over non-PAD
   targets divided by ``max(1, count)``.
 """

@@ -44,3 +44,9 @@ def sample_indices(shape: tuple, k: int, rng: np.random.Generator) -> list[tuple
     size = int(np.prod(shape))
     flat = rng.choice(size, size=min(k, size), replace=False)
     return [np.unravel_index(int(i), shape) for i in flat]
+
+
+def weighted_bce(z: float, y: float, w: float) -> float:
+    """w * BCE(sigmoid(z), y), written the stable way: the reference the wide path's
+    finite-difference checks differentiate."""
+    return w * (max(z, 0.0) - z * y + np.log1p(np.exp(-abs(z))))

@@ -53,7 +53,8 @@ PARAM_RTOL = 1e-14
 
 def _model(weights: str) -> Model:
     """tiny in float64: the seeded init, or O(1) random weights (no gradient hides)."""
-    # The transformer alone: the reference has no wide path (tests/test_wide.py checks it).
+    # The transformer alone: the reference has no wide path (tests/test_wide.py and
+    # test_wide_pair.py check it).
     m = Model.init(dataclasses.replace(ModelConfig.tiny(), wide_buckets=0), seed=0,
                    dtype="float64")
     if weights == "random":

@@ -428,7 +428,7 @@ def test_the_wide_path_takes_a_second_look_at_each_signal_under_its_corrected_la
 def test_an_uncorrected_second_look_gets_the_doubt_and_a_corrected_one_does_not(tmp_path):
     """`wide_doubt_weight`, `_logits`: the second look of a call whose newest label is the
     gate's own is learned with the doubt (WideAdaGrad applies it only to an "allow" its
-    pair term contradicts: test_wide.py); one whose call a person corrected since, even
+    pair term contradicts: test_wide_pair.py); one whose call a person corrected since, even
     to "allow", is not, and a gate decision after the correction makes it the gate's
     again (a spy records what the wide path asks of the real learner)."""
     store, trainer, _ = _trainer(tmp_path, wide_second_look=2, wide_early_block_weight=1.0,

@@ -39,7 +39,7 @@ def pair_logit(call_rows, call_val, hist_rows, hist_val, pool: float = 0.0, xp=n
 
     Returns (z_pair [B], u [B, rank], v_eff [B, rank], hw [B, Kh]) with v_eff =
     dz_pair/du = sum_k hw_k V[h_k] and hw_k = dz_pair/ds_k * hist_val_k, so that, exactly
-    (tests/test_wide.py checks both against central differences):
+    (tests/test_wide_pair.py checks both against central differences):
     d z_pair / d U[c] = sum_{k: c_k = c} call_val[b,k] v_eff[b], and
     d z_pair / d V[h] = sum_{k: h_k = h} hw[b,k] u[b]  (a scatter-add each);
     for the soft minimum dz_pair/ds_k = dz_pair/dS_e(k) = a_e (1 - (S_e - z_pair) / tau)."""
