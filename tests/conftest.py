@@ -18,3 +18,15 @@ def notify_socket(tmp_path, monkeypatch):
     monkeypatch.setenv("NOTIFY_SOCKET", str(path))
     yield s
     s.close()
+
+
+@pytest.fixture
+def store(tmp_path):
+    """A real `Store` (LMDB) in a temp dir, closed after the test with its reader slots."""
+    from gated.store import Store
+    from gated.store.env import close_readers
+
+    s = Store(tmp_path / "state")
+    yield s
+    s.close()
+    close_readers()

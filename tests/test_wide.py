@@ -17,12 +17,7 @@ from gated.config import TrainConfig
 from gated.daemon.serving import Calibration
 from gated.daemon.trainer import build_trainer
 from gated.engine import AdamW, Model, ModelConfig, build_batch, source_batch
-from gated.engine.wide import (
-    BIAS_BUCKET,
-    NGRAM_END,
-    PAIR_KEYS,
-    wide_features,
-)
+from gated.engine.wide import BIAS_BUCKET, NGRAM_END, PAIR_KEYS, wide_features
 from gated.engine.wide_learner import WideAdaGrad, WideBag
 from gated.store import Store
 

@@ -10,12 +10,7 @@ import json
 import numpy as np
 
 from gated.engine import ModelConfig, source_batch
-from gated.engine.wide import (
-    BIAS_BUCKET,
-    MAX_STRUCTURED,
-    structured_features,
-    value_shape,
-)
+from gated.engine.wide import BIAS_BUCKET, MAX_STRUCTURED, structured_features, value_shape
 
 
 def _call(tool: str, **args) -> str:

@@ -14,11 +14,7 @@ import pytest
 from gradcheck import numeric_grad_entries, rel_error, weighted_bce
 
 from gated.engine import Model, ModelConfig, source_batch
-from gated.engine.wide import (
-    MAX_STRUCTURED,
-    NOVEL_AT,
-    PAIR_KEYS,
-)
+from gated.engine.wide import MAX_STRUCTURED, NOVEL_AT, PAIR_KEYS
 from gated.engine.wide_learner import NO_DOUBT, WideAdaGrad, WideBag
 from gated.engine.wide_logit import pair_logit, segment_sum, veto_combine
 
