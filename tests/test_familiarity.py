@@ -7,11 +7,10 @@ them unscaled while the trainer adapts to a drift alarm."""
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 
 import numpy as np
 import pytest
+from config_history import fingerprint_before
 from gradcheck import numeric_grad_entries, rel_error
 
 from gated.config import TrainConfig
@@ -75,11 +74,9 @@ def test_the_batch_says_where_the_ngrams_end_only_when_the_model_reads_them_scal
         ModelConfig(wide_familiarity=-1.0)
     # how the weights are read, not what they hold: a state stored before the field
     # existed, or at another value, loads (the fingerprint leaves the field out)
-    before = {k: v for k, v in dataclasses.asdict(off).items()  # wide_bias 1: as before;
-              if k not in ("wide_familiarity", "wide_bias",  # the first-seen mark: ignored
-                           "wide_novel_destinations")}
-    assert off.fingerprint() == hashlib.blake2b(json.dumps(before, sort_keys=True).encode(),
-                                                digest_size=12).hexdigest()
+    # wide_bias 1: as before; the first-seen mark: ignored
+    assert off.fingerprint() == fingerprint_before(off, "wide_familiarity", "wide_bias",
+                                                   "wide_novel_destinations")
     assert on.fingerprint() == off.fingerprint()
     assert dataclasses.replace(on, wide_history_scale=0.5).fingerprint() != on.fingerprint()
 

@@ -6,11 +6,10 @@ restart, and a drift relaxes it."""
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 
 import numpy as np
 import pytest
+from config_history import fingerprint_before
 from gradcheck import numeric_grad_entries, rel_error, weighted_bce
 
 from gated.config import TrainConfig
@@ -76,15 +75,12 @@ def test_wide_bias_zero_drops_the_bias_feature_and_keeps_the_rest():
     none = dataclasses.replace(flint, wide_bias=0.0)
     batch = source_batch([("fs.read {}", None)], none)
     assert BIAS_BUCKET not in batch["wide_idx"][0][batch["wide_val"][0] != 0]
-    old = {k: v for k, v in dataclasses.asdict(flint).items()
-           if k not in ("wide_bias", "wide_familiarity",  # wide_familiarity 0 and no
-                        "wide_novel_destinations")}  # first-seen mark: as before them
-    assert flint.fingerprint() == hashlib.blake2b(json.dumps(old, sort_keys=True).encode(),
-                                                  digest_size=12).hexdigest()
+    # wide_familiarity 0 and no first-seen mark: as before them
+    assert flint.fingerprint() == fingerprint_before(flint, "wide_bias", "wide_familiarity",
+                                                     "wide_novel_destinations")
     assert none.fingerprint() != flint.fingerprint()
     with pytest.raises(ValueError, match="wide_bias"):
         ModelConfig(wide_bias=-1.0)
-
 
 
 def test_adamw_steps_the_transformer_and_leaves_the_wide_path_alone():
@@ -476,8 +472,6 @@ def test_the_wide_path_replays_reservoir_examples_with_their_current_labels(tmp_
             assert labels == {0.0}  # the correction's block, not the gate's allow
         store.close()
     assert not np.array_equal(got[0], got[2])
-
-
 
 
 def test_the_destination_rows_learn_only_allow_from_a_first_look():

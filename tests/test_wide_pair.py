@@ -6,11 +6,10 @@ the crosses learn slowly."""
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 
 import numpy as np
 import pytest
+from config_history import fingerprint_before
 from gradcheck import numeric_grad_entries, rel_error, weighted_bce
 
 from gated.engine import Model, ModelConfig, source_batch
@@ -478,16 +477,11 @@ def test_the_pair_term_reads_only_its_window_of_the_history():
     assert cut["wide_pc_idx"].shape[1] == whole["wide_pc_idx"].shape[1] - 1  # no destination
     np.testing.assert_array_equal(cut["wide_pc_idx"][0], whole["wide_pc_idx"][0][:-1])
     before = dataclasses.replace(flint, wide_pair_history=0)
-    old = {k: v for k, v in dataclasses.asdict(before).items()
-           if k not in ("wide_pair_history", "wide_bias", "wide_familiarity",
-                        "wide_novel_destinations")}  # as before
-    assert before.fingerprint() == hashlib.blake2b(json.dumps(old, sort_keys=True).encode(),
-                                                   digest_size=12).hexdigest()
+    assert before.fingerprint() == fingerprint_before(  # as before
+        before, "wide_pair_history", "wide_bias", "wide_familiarity", "wide_novel_destinations")
     assert flint.fingerprint() != before.fingerprint()
     with pytest.raises(ValueError, match="wide_pair_history"):
         ModelConfig(wide_pair_history=-1)
-
-
 
 
 def test_pair_first_steps_the_pair_term_then_the_linear_weights_at_its_new_value():
