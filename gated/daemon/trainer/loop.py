@@ -268,7 +268,9 @@ class Trainer(Control, GpuFallback, Publication, threading.Thread):
                 self.train_on([], turns=s.wide_turns)
                 continue
             wait = 1.0 / budget - (now - last_idle_step) if budget > 0 else 1.0
-            self._wake.wait(timeout=max(0.01, min(wait, s.swap_every_seconds, 1.0)))
+            until_swap = self.next_swap_at - self.clock()  # sooner after `publish_soon`
+            self._wake.wait(timeout=max(0.01, min(wait, until_swap, s.swap_every_seconds,
+                                                  1.0)))
             self._wake.clear()
 
     def train_on(self, fresh: list[tuple[int, dict]], turns: bool = False) -> dict | None:
@@ -414,6 +416,8 @@ class Trainer(Control, GpuFallback, Publication, threading.Thread):
             p_label = float(pi) if ex["label"] >= 0.5 else 1.0 - float(pi)
             if ex.get("held"):
                 continue  # held back for the promotion gate: scored, never trained on
+            if ex["feedback"] in CORRECTIONS or (ex["label"] < 0.5 and p_label <= 0.5):
+                self.publish_soon()  # serving got it wrong and the wide path has learned it
             if ex["feedback"] in CORRECTIONS:
                 hard.append((-1.0, ex))
             elif p_label < s.selective_confidence or self.rng.random() < s.selective_keep:

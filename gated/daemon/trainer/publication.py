@@ -80,6 +80,23 @@ class Publication:
         """When (by `clock`) the swap cadence next allows a publication."""
         return self._last_swap_time + self.settings.swap_every_seconds
 
+    def publish_soon(self) -> None:
+        """Serving got a fresh signal dangerously wrong (a call labelled block that it
+        answered with p_allow >= 0.5), or a person corrected one: the next publication is
+        due `swap_soon_seconds` after the last one, not `swap_every_seconds` (0: off).
+        The wide path has learned the signal by now; the promotion gate still judges.
+
+        Why: a block category or history rule learned at once by the wide path reached
+        serving only at the next 1-second swap, ~20 signals of realistic traffic later,
+        and a call of the same kind in between was answered as before (bench/
+        bench_learning.py seed 18: the secret-then-POST rule learned from signals
+        516-518 missed the checkpoint at ~521; docs/learning.md, "Publishing a missed
+        block soon")."""
+        s = self.settings
+        if s.swap_soon_seconds > 0:
+            self._last_swap_time = min(self._last_swap_time, self._last_swap_time
+                                       - s.swap_every_seconds + s.swap_soon_seconds)
+
     def publish_if_due(self) -> bool:
         """Idle (nothing fresh to take): publish what the wide path learned, if a swap is
         due and the promotion gate agrees."""
