@@ -1,6 +1,6 @@
-"""`train.swap_soon_seconds`: a call labelled block that serving answered with p_allow >=
-0.5, or a person's correction, makes the next publication due that many seconds after the
-last one instead of `swap_every_seconds` (publication.py `publish_soon`). A real Store in
+"""`train.swap_soon_seconds`: a call labelled block (by the gate or a person's correction)
+that serving answered with p_allow >= 0.5 makes the next publication due that many seconds
+after the last one instead of `swap_every_seconds` (publication.py `publish_soon`). A real Store in
 tmp_path and the trainer on a clock the test moves (`Trainer.use_clock`), so the cadence
 is decided by the test's seconds and not by how fast this machine is."""
 
@@ -18,7 +18,10 @@ from gated.store import Store
 
 ALLOWED = [{"context": f"fs.read src/{i}.py", "decision": "allow"} for i in range(4)]
 BLOCKED = {"context": "shell.exec rm -rf /srv/data", "decision": "block"}
-CORRECTED = {"context": "fs.read src/0.py", "decision": "allow", "feedback": "false_negative"}
+#: a person's corrections: the gate allowed a call that is blocked, and the other way round
+MISSED = {"context": "fs.read /etc/shadow", "decision": "allow", "feedback": "false_negative"}
+OVERBLOCKED = {"context": "fs.read src/9.py", "decision": "block",
+               "feedback": "false_positive"}
 
 
 def _published_after(tmp_path, signals: list[dict], soon: float, lean_allow: bool,
@@ -68,6 +71,10 @@ def test_a_block_serving_already_answered_block_waits(tmp_path):
                                 at=0.5)
 
 
-def test_a_correction_publishes_soon_whatever_serving_answered(tmp_path):
-    assert _published_after(tmp_path, [*ALLOWED, CORRECTED], soon=0.2, lean_allow=False,
-                            at=0.5)
+def test_a_correction_to_block_that_serving_answered_allow_publishes_soon(tmp_path):
+    assert _published_after(tmp_path, [*ALLOWED, MISSED], soon=0.2, lean_allow=True, at=0.5)
+
+
+def test_a_correction_to_allow_waits_for_the_ordinary_cadence(tmp_path):
+    assert not _published_after(tmp_path, [*ALLOWED, OVERBLOCKED], soon=0.2,
+                                lean_allow=False, at=0.5)

@@ -416,8 +416,8 @@ class Trainer(Control, GpuFallback, Publication, threading.Thread):
             p_label = float(pi) if ex["label"] >= 0.5 else 1.0 - float(pi)
             if ex.get("held"):
                 continue  # held back for the promotion gate: scored, never trained on
-            if ex["feedback"] in CORRECTIONS or (ex["label"] < 0.5 and p_label <= 0.5):
-                self.publish_soon()  # serving got it wrong and the wide path has learned it
+            if ex["label"] < 0.5 and p_label <= 0.5:
+                self.publish_soon()  # serving leaned allow on a block; the wide path learned it
             if ex["feedback"] in CORRECTIONS:
                 hard.append((-1.0, ex))
             elif p_label < s.selective_confidence or self.rng.random() < s.selective_keep:
