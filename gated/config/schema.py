@@ -128,10 +128,11 @@ class TrainConfig:
                                  lo=1)
     swap_every_seconds: float = _opt(1.0, "...or every T seconds with new steps", hot=True,
                                      lo=0.0, lo_open=True)
-    swap_soon_seconds: float = _opt(0.2, "after serving answered a call labelled block "
-                                    "(by the gate or a correction) with p_allow >= 0.5, "
-                                    "publish this many seconds after the last publication "
-                                    "(not swap_every_seconds); 0 = off",
+    swap_soon_seconds: float = _opt(0.2, "after a call labelled block that serving "
+                                    "answered `ask` with p_allow >= 0.5 (or any p_allow >= "
+                                    "0.5 when a person corrected it), publish this many "
+                                    "seconds after the last publication (not "
+                                    "swap_every_seconds); 0 = off",
                                     hot=True, lo=0.0)
     checkpoint_every_steps: int = _opt(50, "commit a checkpoint every N steps", hot=True,
                                        lo=1)

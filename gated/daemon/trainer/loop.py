@@ -416,8 +416,9 @@ class Trainer(Control, GpuFallback, Publication, threading.Thread):
             p_label = float(pi) if ex["label"] >= 0.5 else 1.0 - float(pi)
             if ex.get("held"):
                 continue  # held back for the promotion gate: scored, never trained on
-            if ex["label"] < 0.5 and p_label <= 0.5:
-                self.publish_soon()  # serving leaned allow on a block; the wide path learned it
+            if ex["label"] < 0.5 and p_label <= 0.5 and (
+                    pi < self.serving.bands.allow or ex["feedback"] in CORRECTIONS):
+                self.publish_soon()  # a block serving leaned allow on, unsure: a lesson
             if ex["feedback"] in CORRECTIONS:
                 hard.append((-1.0, ex))
             elif p_label < s.selective_confidence or self.rng.random() < s.selective_keep:
