@@ -1,5 +1,6 @@
 """The online learner: the training loop (loop.py), its controls from other threads
-(control.py), the wide path's schedule (wide_path.py), publication, rollback and
+(control.py), the response to drift alarms (drift.py), the wide path's schedule
+(wide_path.py), publication, rollback and
 checkpoints (publication.py), the promotion gate (promotion.py), resuming from a
 checkpoint (resume.py), the GPU -> CPU fallback (gpu.py) and the replay filter
 (latest.py), and the rehearsal a GPU trainer runs before its first signal
