@@ -94,9 +94,11 @@ class Publication:
         leaned allow on: once the state has learned, nearly all of those are the noisy
         gate's wrong blocks of calls serving is sure to allow (30-50 in every 1,000
         signals, p_allow >= 0.9 for 9 in 10 of them, where the real misses of the first
-        1,000 had p_allow < 0.9 for 19 of 24), and a publication writes the whole weights
-        to LMDB (~40-90 ms for flint on a 2-core CPU): publishing after each cost 10% of
-        the transformer's steps (docs/learning.md, "Publishing an unsure miss soon")."""
+        1,000 had p_allow < 0.9 for 19 of 24), a publication writes the whole weights to
+        LMDB (~40-90 ms for flint on a 2-core CPU) and the daemon's serving process reads
+        them back, and publishing after each raised the versions from ~45 to 54-74 in
+        every 1,000 signals for nothing (docs/learning.md, "Publishing an unsure miss
+        soon")."""
         s = self.settings
         if s.swap_soon_seconds > 0:
             self._last_swap_time = min(self._last_swap_time, self._last_swap_time
