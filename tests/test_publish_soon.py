@@ -2,7 +2,8 @@
 leaning allow (0.5 <= p_allow < the allow band), or that a person corrected to block while
 serving said p_allow >= 0.5, makes the next publication due that many seconds after the
 last one instead of `swap_every_seconds` (publication.py `publish_soon`); a block serving
-was sure to allow (the noisy gate's mistake, most often) waits for the ordinary cadence.
+was sure to allow (the noisy gate's mistake, most often) waits for the ordinary cadence,
+and so does every block in the state's warm-up (`Monitor.warm`).
 A real Store in tmp_path and the trainer on a clock the test moves (`Trainer.use_clock`),
 so the cadence is decided by the test's seconds and not by how fast this machine is;
 serving's answer is set by its calibration's intercept (a fresh tiny model's gate logit
@@ -31,12 +32,14 @@ UNSURE_ALLOW, SURE_ALLOW, BLOCK = 1.0, 30.0, -30.0  # p 0.73 (`ask`), ~1 (`allow
 
 
 def _published_after(tmp_path, signals: list[dict], *, at: float, served: float,
-                     soon: float = 0.2) -> bool:
+                     soon: float = 0.2, warm_up: int = 0) -> bool:
     """Train on `signals` `at` seconds after the last publication, serving answering every
-    call as the intercept `served` says; True if the trainer published a version."""
+    call as the intercept `served` says, the state's warm-up `warm_up` signals
+    (`allow_band_after`; 0: warm from the start); True if the trainer published a
+    version."""
     settings = dataclasses.replace(TrainConfig(), swap_every_seconds=10.0,
                                    swap_every_steps=1000, swap_soon_seconds=soon,
-                                   promotion_holdout_share=0.0)
+                                   promotion_holdout_share=0.0, allow_band_after=warm_up)
     store = Store(tmp_path / "s")
     trainer, serving = build_trainer(store, ModelConfig.tiny(), settings, seed=0)
     assert serving.bands.allow == pytest.approx(0.9)  # UNSURE_ALLOW's p is below it
@@ -56,6 +59,14 @@ def _published_after(tmp_path, signals: list[dict], *, at: float, served: float,
 
 def test_a_block_serving_was_unsure_of_publishes_after_the_soon_interval(tmp_path):
     assert _published_after(tmp_path, [*ALLOWED, BLOCKED], at=0.5, served=UNSURE_ALLOW)
+
+
+def test_not_in_the_warm_up_where_one_block_swings_the_young_state(tmp_path):
+    assert not _published_after(tmp_path, [*ALLOWED, BLOCKED], at=0.5, served=UNSURE_ALLOW,
+                                warm_up=6)
+    # the block is the 6th signal scored: from there on the state is warm
+    assert _published_after(tmp_path / "warm", [*ALLOWED, ALLOWED[0], BLOCKED], at=0.5,
+                            served=UNSURE_ALLOW, warm_up=5)
 
 
 def test_only_after_the_soon_interval(tmp_path):

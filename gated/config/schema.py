@@ -130,9 +130,9 @@ class TrainConfig:
                                      lo=0.0, lo_open=True)
     swap_soon_seconds: float = _opt(0.2, "after a call labelled block that serving "
                                     "answered `ask` with p_allow >= 0.5 (or any p_allow >= "
-                                    "0.5 when a person corrected it), publish this many "
-                                    "seconds after the last publication (not "
-                                    "swap_every_seconds); 0 = off",
+                                    "0.5 when a person corrected it), past the warm-up "
+                                    "(allow_band_after), publish this many seconds after "
+                                    "the last publication (not swap_every_seconds); 0 = off",
                                     hot=True, lo=0.0)
     checkpoint_every_steps: int = _opt(50, "commit a checkpoint every N steps", hot=True,
                                        lo=1)

@@ -201,9 +201,17 @@ class Monitor:
         runs; p 0.90-0.999, a credential read at signal 33 with p 0.991), the allow band's
         precision there ~0.96 against >= 0.9995 outside the first 500 and the 500 after a
         policy change. Closed, those calls are answered `ask`; p_allow is unchanged."""
-        if self.calibrator.seen < self.settings.allow_band_after:
+        if not self.warm:
             return False
         return self.window.total_scored >= self.allow_hold_until
+
+    @property
+    def warm(self) -> bool:
+        """Has progressive validation scored `allow_band_after` fresh signals (counted by
+        the calibrator, across restarts)? Before that the state has learned too little
+        for its answers to be trusted: the allow band is closed, and the trainer
+        publishes at its ordinary cadence only (publication.py `publish_soon`)."""
+        return self.calibrator.seen >= self.settings.allow_band_after
 
     def stats(self) -> dict[str, float]:
         p = np.array([a for a, _ in self._recent])

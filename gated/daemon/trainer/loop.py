@@ -416,7 +416,7 @@ class Trainer(Control, DriftResponse, GpuFallback, Publication, threading.Thread
             p_label = float(pi) if ex["label"] >= 0.5 else 1.0 - float(pi)
             if ex.get("held"):
                 continue  # held back for the promotion gate: scored, never trained on
-            if ex["label"] < 0.5 and p_label <= 0.5 and (
+            if ex["label"] < 0.5 and p_label <= 0.5 and self.monitor.warm and (
                     pi < self.serving.bands.allow or ex["feedback"] in CORRECTIONS):
                 self.publish_soon()  # a block serving leaned allow on, unsure: a lesson
             if ex["feedback"] in CORRECTIONS:

@@ -85,7 +85,11 @@ class Publication:
         unsure (below the allow band: it answered `ask`), or that a person corrected to
         block whatever serving answered: the wide path has learned it by now, and the next
         publication is due `swap_soon_seconds` after the last one, not
-        `swap_every_seconds` (0: off). The promotion gate still judges.
+        `swap_every_seconds` (0: off). The promotion gate still judges. Not in the
+        state's warm-up (`Monitor.warm`: the first `allow_band_after` signals scored):
+        there one block swings the young wide path, its bias most, and published at once
+        it answered the next 30 allowed calls `block` (seed 16's first signals); the
+        ordinary cadence publishes it with the ~20 allowed calls learned meanwhile.
 
         Why: a new block category or history rule that the wide path learned at once
         reached serving only at the next 1-second swap, ~20 signals of realistic traffic
