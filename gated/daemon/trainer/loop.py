@@ -268,9 +268,11 @@ class Trainer(Control, DriftResponse, GpuFallback, Publication, threading.Thread
                 self.train_on([], turns=s.wide_turns)
                 continue
             wait = 1.0 / budget - (now - last_idle_step) if budget > 0 else 1.0
-            until_swap = self.next_swap_at - self.clock()  # sooner after `publish_soon`
-            self._wake.wait(timeout=max(0.01, min(wait, until_swap, s.swap_every_seconds,
-                                                  1.0)))
+            wait = min(wait, s.swap_every_seconds, 1.0)
+            until_swap = self.next_swap_at - self.clock()
+            if until_swap > 0:  # wake for a publication due sooner (`publish_soon`); one
+                wait = min(wait, until_swap)  # overdue but not yet possible waits as before
+            self._wake.wait(timeout=max(0.01, wait))
             self._wake.clear()
 
     def train_on(self, fresh: list[tuple[int, dict]], turns: bool = False) -> dict | None:
