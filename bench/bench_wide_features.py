@@ -188,7 +188,7 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
            early_block: tuple[float, int] = (1.0, 0), call_places: bool = False,
            addresses: bool = False, early_looks: str = "both",
            bias: float | None = None, drift_shrink: float = 1.0,
-           drift_contra: tuple[float, int, float, float] = (1.0, 0, 0.0, 1.0),
+           drift_contra: tuple[float, int, float, float, int] = (1.0, 0, 0.0, 1.0, 1),
            pair_history: int = 0, doubt: tuple[float, float] = NO_DOUBT,
            parts_at: int = 0, familiarity: float = 0.0,
            unscaled_adapting: int = 0, novel: float = 0.0, fresh_hosts: float = 0.0,
@@ -230,9 +230,10 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
     members all learn that many examples after an alarm; 0 here by default, for the same
     reason), `drift_shrink` `train.drift_wide_shrink` (the linear weights' factor at an
     alarm, taken back if it is withdrawn; 1, off, here by default, for the same reason),
-    `drift_contra` (`train.drift_wide_contra_relax`, `_examples`, `_margin`, `_decay`:
-    after an alarm a contradicting label relaxes its buckets' sums and decays the
-    unsupported weights it pushes against; off here by default, for the same reason),
+    `drift_contra` (`train.drift_wide_contra_relax`, `_examples`, `_margin`, `_decay`,
+    `_decay_votes`: after an alarm a contradicting label relaxes its buckets' sums and
+    decays the unsupported weights it pushes against; off here by default, for the same
+    reason),
     `pair_history` `ModelConfig.wide_pair_history` (the newest entries the
     pair term reads; 0, every entry, here by default, for the same reason), `doubt`
     (`train.wide_doubt_weight`, `_logits`: an uncorrected second look's "allow" the pair
@@ -478,13 +479,14 @@ def main() -> None:
                     help="with --drift-relax: multiply the linear weights by this at an "
                          "alarm, taken back if it is withdrawn (train.drift_wide_shrink; 1: "
                          "off, as before it)")
-    ap.add_argument("--drift-contra", default="1:0:0", metavar="R:N:M[:D]",
+    ap.add_argument("--drift-contra", default="1:0:0", metavar="R:N:M[:D[:V]]",
                     help="with --drift-relax: for N examples after an alarm a label that "
                          "contradicts the wide logit by more than M multiplies its buckets' "
                          "sums by R, each bucket once, and the weights it pushes against "
-                         "that nothing in the window supported by D "
-                         "(train.drift_wide_contra_relax, _examples, _margin, _decay; "
-                         "default 1:0:0, off, as before it; D 1)")
+                         "that nothing in the window supported by D from the V-th label "
+                         "against them on (train.drift_wide_contra_relax, _examples, "
+                         "_margin, _decay, _decay_votes; default 1:0:0, off, as before it; "
+                         "D 1, V 1)")
     ap.add_argument("--drift-withdraw-below", type=float, default=None,
                     help="the drift recheck withdraws an alarm only at or under this share "
                          "of the threshold, else waits again (train.drift_withdraw_below; "
@@ -554,7 +556,8 @@ def main() -> None:
                     help="the wide path's weight of a correction (0: DESIGN.md's, 4.0)")
     a = ap.parse_args()
     r_, n_, m_, *d_ = a.drift_contra.split(":")
-    contra = (float(r_), int(n_), float(m_), float(d_[0]) if d_ else 1.0)
+    contra = (float(r_), int(n_), float(m_), float(d_[0]) if d_ else 1.0,
+              int(d_[1]) if len(d_) > 1 else 1)
     points = (a.switch_at - 500, a.signals - 500)
     print("| words | cross | l2 | pair rank, lr, pool | shapes | lr, init, veto, pair l2, known, "
           "sensitive, egress, block, endpoints, sql, places, hosts, shared | seed | "

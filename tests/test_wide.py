@@ -346,6 +346,37 @@ def test_in_the_window_a_contradicting_label_decays_the_unsupported_weights_it_p
     np.testing.assert_allclose(w, before, atol=1e-3)
 
 
+def test_the_decay_waits_for_as_many_contradicting_labels_as_its_votes():
+    """`relax_contradicted`'s `votes`: an unsupported weight decays only at the `votes`-th
+    contradicted example of the window that pushes against it. One wrong "block" (the
+    gate's own mistake) steps but takes nothing; a second label against the same weight
+    (a policy change contradicts with many calls) decays it; a weight an example of the
+    window supported between them keeps its value, however many labels follow."""
+
+    def fresh(votes: int) -> tuple[WideAdaGrad, np.ndarray]:
+        weights, accum = np.zeros(8), np.full(8, 1e6)  # huge sums: steps ~1e-4, visible
+        weights[[1, 2]] = [2.0, 1.5]
+        learner = WideAdaGrad(weights, accum, scale=1.0, lr=0.5, l2=0.0)
+        learner.relax_contradicted(1.0, 10, 0.0, 0.0, votes)
+        return learner, weights
+
+    learner, w = fresh(2)
+    before = w.copy()
+    learner.learn(np.array([1, 2]), np.ones(2), 0.0, 0.0, 1.0)  # one wrong "block"
+    np.testing.assert_allclose(w[[1, 2]], before[[1, 2]], atol=1e-3)  # stepped only
+    assert learner.contra_against == {1: 1, 2: 1} and not learner.contra_removed
+    learner.learn(np.array([2, 5]), np.ones(2), 0.0, 1.0, 1.0)  # an allowed call: supports 2
+    kept = w.copy()
+    learner.learn(np.array([1, 2]), np.ones(2), 0.0, 0.0, 1.0)  # the second vote
+    assert abs(w[1]) < 1e-3  # voted against twice and never supported: decayed
+    assert abs(w[2] - kept[2]) < 1e-3  # supported in between: kept
+    assert learner.contra_removed.keys() == {1}
+
+    learner, w = fresh(1)  # one vote: the first wrong "block" takes both
+    learner.learn(np.array([1, 2]), np.ones(2), 0.0, 0.0, 1.0)
+    assert abs(w[1]) < 1e-3 and abs(w[2]) < 1e-3
+
+
 def test_a_drift_alarm_opens_every_members_contradiction_window_until_withdrawn(tmp_path):
     """The trainer's drift alarm opens `drift_wide_contra_*`'s window on every member of
     the bag, with the settings' factor and margin; a withdrawn alarm closes it (the

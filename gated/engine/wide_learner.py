@@ -88,9 +88,11 @@ class WideAdaGrad:
         self.contra_done: set[int] = set()
         self.contra_examples = 0  # the window's length when it opened
         #: ... the factor on the unsupported weights a contradicting label pushes against
-        #: (1: off), the buckets an example of the window has supported, and whether the
+        #: (1: off), how many such labels a weight waits for, the labels counted so far
+        #: per bucket, the buckets an example of the window has supported, and whether the
         #: examples learned now count as support (`support_paused`)
-        self.contra_decay = 1.0
+        self.contra_decay, self.contra_votes = 1.0, 1
+        self.contra_against: dict[int, int] = {}
         self.contra_supported: set[int] = set()
         self.contra_counts_support = True
         #: what the decay took from each bucket since the window opened (`restore_decayed`)
@@ -312,13 +314,14 @@ class WideAdaGrad:
         self.w[...] += (1.0 - factor) * before
 
     def relax_contradicted(self, factor: float, examples: int, margin: float,
-                           decay: float = 1.0) -> None:
+                           decay: float = 1.0, votes: int = 1) -> None:
         """For the next `examples` learned (signals, second looks, replays), an example
         whose label contradicts the logit by more than `margin` first multiplies the
         AdaGrad sums of its linear buckets by `factor`, each bucket once (a drift alarm
         calls it: `train.drift_wide_contra_relax`; `examples` 0 ends it), and with `decay`
         < 1 multiplies by `decay` the weights it pushes against that no example of the
-        window has supported yet (`_decay_unsupported`; `train.drift_wide_contra_decay`).
+        window has supported yet, from the `votes`-th such example on
+        (`_decay_unsupported`; `train.drift_wide_contra_decay`, `_decay_votes`).
 
         Why (docs/learning.md, "Relaxing what the new policy contradicts"): after a policy
         change the host shapes and known names the old policy made confident (+2..+4 on
@@ -333,6 +336,7 @@ class WideAdaGrad:
         self.contra_margin, self.contra_done = float(margin), set()
         self.contra_examples = self.contra_left
         self.contra_decay, self.contra_supported = float(decay), set()
+        self.contra_votes, self.contra_against = max(1, int(votes)), {}
         self.contra_removed = {}
 
     def in_window_first(self, n: int) -> bool:
@@ -378,8 +382,9 @@ class WideAdaGrad:
 
     def _decay_unsupported(self, idx: np.ndarray, push: np.ndarray) -> bool:
         """Multiply by `contra_decay` the linear weights of a contradicted example that push
-        against its label by more than `CONTRA_DECAY_LEAST` logits and that no example of
-        the window has supported (pushed toward its label) yet.
+        against its label by more than `CONTRA_DECAY_LEAST` logits, that no example of
+        the window has supported (pushed toward its own label) yet, and that this is the
+        `contra_votes`-th contradicted example of the window to push against.
 
         Why (docs/learning.md, "Decaying what only the flipped calls read"): after a
         change that blocks every package install, the old policy's known-package mark
@@ -389,16 +394,29 @@ class WideAdaGrad:
         show. A weight that the calls the change kept also read (the shared n-grams,
         a tool's shapes) is supported by them and keeps its value; small weights (the
         byte n-grams one at a time) are left to the steps, which learn the new policy on
-        the features an unseen value shares."""
-        bad = np.array([j for j in idx[push < -CONTRA_DECAY_LEAST].tolist()
-                        if j not in self.contra_supported], dtype=np.intp)  # a few at most
-        if len(bad):
-            d = self.xp.asarray(bad)
+        the features an unseen value shares.
+
+        Why the votes (docs/learning.md, "One wrong label in the window"): a policy
+        change contradicts a weight with many calls, the gate's own mistake with one. At
+        a single vote one wrong "block" of an allowed e-mail, 60 signals into the window
+        and before any allowed e-mail there had supported them, took every e-mail's
+        shapes and n-grams (+4.6 logits to ~0: seed 15's history rule 0.645 at the
+        change's checkpoint). A second look or a replay of the same call counts
+        again: votes count labels learned, not calls."""
+        against = [j for j in idx[push < -CONTRA_DECAY_LEAST].tolist()
+                   if j not in self.contra_supported]  # a few at most
+        bad = []
+        for j in against:
+            self.contra_against[j] = seen = self.contra_against.get(j, 0) + 1
+            if seen >= self.contra_votes:
+                bad.append(j)
+        if bad:
+            d = self.xp.asarray(np.asarray(bad, dtype=np.intp))
             now = self._host(self.w[d]).astype(np.float64)
             self.w[d] = self.xp.asarray(now * self.contra_decay, dtype=self.w.dtype)
-            for j, taken in zip(bad.tolist(), (1.0 - self.contra_decay) * now, strict=True):
+            for j, taken in zip(bad, (1.0 - self.contra_decay) * now, strict=True):
                 self.contra_removed[j] = self.contra_removed.get(j, 0.0) + float(taken)
-        return bool(len(bad))
+        return bool(bad)
 
     def restore_decayed(self) -> bool:
         """Give back what `_decay_unsupported` took since the window opened, keeping what
@@ -519,10 +537,10 @@ class WideBag:
             learner.unshrink(b, factor)
 
     def relax_contradicted(self, factor: float, examples: int, margin: float,
-                           decay: float = 1.0) -> None:
+                           decay: float = 1.0, votes: int = 1) -> None:
         """`WideAdaGrad.relax_contradicted` on every member (each judges by its own logit)."""
         for learner in self.learners:
-            learner.relax_contradicted(factor, examples, margin, decay)
+            learner.relax_contradicted(factor, examples, margin, decay, votes)
 
     def restore_decayed(self) -> bool:
         """`WideAdaGrad.restore_decayed` on every member."""

@@ -155,7 +155,8 @@ class WidePath:
                               s.drift_wide_shrink, (s.drift_wide_contra_relax,
                                                     s.drift_wide_contra_examples,
                                                     s.drift_wide_contra_margin,
-                                                    s.drift_wide_contra_decay))
+                                                    s.drift_wide_contra_decay,
+                                                    s.drift_wide_contra_decay_votes))
         if self.learner is not None and s.drift_look_now:
             with self.learner.support_paused():  # they may start before the change
                 self._learn_looks(self.second_look.take_from(began_seq, seen_seq), seen_seq)
@@ -223,7 +224,7 @@ def early_block_weight(seq: int, label: float, ordinary: bool, weight: float,
 def adapt_to_drift(second_look: SecondLook, learner: WideAdaGrad | WideBag | None,
                    began_seq: int, relax: float, pair_relax: float | None,
                    bag_all: int, shrink: float = 1.0,
-                   contra: tuple[float, int, float, float] = (1.0, 0, 0.0, 1.0)
+                   contra: tuple[float, int, float, float, int] = (1.0, 0, 0.0, 1.0, 1)
                    ) -> tuple | None:
     """What a drift alarm does to the wide path (`WidePath.on_drift`), in one place so that
     bench/bench_wide_features.py's replay responds to its alarms as the daemon does: the
@@ -231,7 +232,7 @@ def adapt_to_drift(second_look: SecondLook, learner: WideAdaGrad | WideBag | Non
     (`WideAdaGrad.relax`), the linear weights multiplied by `shrink`
     (`WideAdaGrad.shrink`), a bag's members all learn the next `bag_all` examples, and
     the next examples whose labels contradict the path relax their buckets' sums and decay
-    their unsupported weights (`contra` = (factor, examples, margin, decay):
+    their unsupported weights (`contra` = (factor, examples, margin, decay, votes):
     `WideAdaGrad.relax_contradicted`; factor and decay 1, or 0 examples: off). Returns
     what `adapt_to_drift_verdict` needs to take the shrink back
     (None: nothing shrunk).
