@@ -363,12 +363,12 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
                         np.minimum(learner.g2, drift_cap, out=learner.g2)
                     drifts.append((i, began, None))
                     if look_now == "alarm":
-                        with wide.support_paused():  # as WidePath.on_drift
+                        with wide.alarm_evidence():  # as WidePath.on_drift
                             learn_looks(look.take_from(began), i)
                 for b, confirmed in detector.take_verdicts():
                     adapt_to_drift_verdict(wide, shrunk.pop(b, None), confirmed)
                     if confirmed and look_now == "verdict":
-                        with wide.support_paused():
+                        with wide.alarm_evidence():
                             learn_looks(look.take_from(b), i)
                     k = next(j for j, d in enumerate(drifts) if d[1] == b and d[2] is None)
                     drifts[k] = (*drifts[k][:2], confirmed)

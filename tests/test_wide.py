@@ -296,7 +296,7 @@ def test_in_the_window_a_contradicting_label_decays_the_unsupported_weights_it_p
     withdrawn alarm gives back what was taken (what was learned since stays). With decay
     1 nothing decays, and outside the window neither."""
     from gated.daemon.trainer.wide_path import adapt_to_drift_verdict
-    from gated.engine.wide_learner import CONTRA_DECAY_LEAST
+    from gated.engine.wide_window import CONTRA_DECAY_LEAST
 
     def fresh(decay: float) -> tuple[WideAdaGrad, np.ndarray]:
         weights, accum = np.zeros(8), np.full(8, 1e6)  # huge sums: steps ~1e-4, visible
@@ -324,9 +324,9 @@ def test_in_the_window_a_contradicting_label_decays_the_unsupported_weights_it_p
     assert abs(w[1] - kept) < 1e-3
 
     learner, w = fresh(0.5)  # the looks a drift alarm takes at once count as no support
-    with learner.support_paused():
+    with learner.alarm_evidence():
         learner.learn(np.array([2, 5]), np.array([1.0, 1.0]), 0.0, 1.0, 1.0)
-    assert learner.contra_supported == set() and learner.contra_counts_support
+    assert learner.contra_supported == set() and not learner.contra_evidence
     before = w.copy()
     learner.learn(np.array([2]), np.ones(1), 0.0, 0.0, 1.0)
     assert abs(w[2] - 0.5 * before[2]) < 1e-3
@@ -351,7 +351,9 @@ def test_the_decay_waits_for_as_many_contradicting_labels_as_its_votes():
     contradicted example of the window that pushes against it. One wrong "block" (the
     gate's own mistake) steps but takes nothing; a second label against the same weight
     (a policy change contradicts with many calls) decays it; a weight an example of the
-    window supported between them keeps its value, however many labels follow."""
+    window supported between them keeps its value, however many labels follow. A label
+    of the alarm's own evidence (`alarm_evidence`: the looks it takes at once) counts as
+    every vote."""
 
     def fresh(votes: int) -> tuple[WideAdaGrad, np.ndarray]:
         weights, accum = np.zeros(8), np.full(8, 1e6)  # huge sums: steps ~1e-4, visible
@@ -376,10 +378,17 @@ def test_the_decay_waits_for_as_many_contradicting_labels_as_its_votes():
     learner.learn(np.array([1, 2]), np.ones(2), 0.0, 0.0, 1.0)
     assert abs(w[1]) < 1e-3 and abs(w[2]) < 1e-3
 
+    learner, w = fresh(2)  # the alarm's own evidence (its looks) counts as every vote
+    with learner.alarm_evidence():
+        learner.learn(np.array([1]), np.ones(1), 0.0, 0.0, 1.0)
+    assert abs(w[1]) < 1e-3 and learner.contra_against == {1: 2}
+    learner.learn(np.array([2]), np.ones(1), 0.0, 0.0, 1.0)  # after it: one vote again
+    assert abs(w[2] - 1.5) < 1e-3 and learner.contra_against[2] == 1
+
 
 def test_a_drift_alarm_opens_every_members_contradiction_window_until_withdrawn(tmp_path):
     """The trainer's drift alarm opens `drift_wide_contra_*`'s window on every member of
-    the bag, with the settings' factor and margin; a withdrawn alarm closes it (the
+    the bag, with the settings' factor, margin and votes; a withdrawn alarm closes it (the
     labels that raised it were the gate's own mistakes); `drift_wide_contra_relax` and
     `drift_wide_contra_decay` both 1 is off, either one alone opens it."""
     store = Store(tmp_path / "s")
@@ -404,10 +413,11 @@ def test_a_drift_alarm_opens_every_members_contradiction_window_until_withdrawn(
     trainer._on_drift(3, 3)
     assert all(m.contra_left == 0 for m in bag.learners)
     trainer.apply_settings(dataclasses.replace(settings, drift_wide_contra_relax=1.0,
-                                               drift_wide_contra_decay=0.5))
+                                               drift_wide_contra_decay=0.5,
+                                               drift_wide_contra_decay_votes=3))
     trainer._on_drift(4, 4)  # the decay alone opens the window, the sums left as they are
-    assert all((m.contra_left, m.contra_factor, m.contra_decay) == (300, 1.0, 0.5)
-               for m in bag.learners)
+    assert all((m.contra_left, m.contra_factor, m.contra_decay, m.contra_votes)
+               == (300, 1.0, 0.5, 3) for m in bag.learners)
     store.close()
 
 

@@ -271,11 +271,13 @@ class TrainConfig:
                                           hot=True, lo=0.0, hi=1.0)
     drift_wide_contra_decay_votes: int = _opt(2, "how many labels of that window must "
                                               "contradict a weight before "
-                                              "drift_wide_contra_decay takes it: a policy "
-                                              "change contradicts a weight with many calls, "
-                                              "the gate's own mistake with one (measured: "
-                                              "docs/learning.md 'One wrong label in the "
-                                              "window'); 1 = at the first", hot=True,
+                                              "drift_wide_contra_decay takes it (a label of "
+                                              "the second looks the alarm takes at once, "
+                                              "its own evidence, counts as all of them): a "
+                                              "policy change contradicts a weight with many "
+                                              "calls, the gate's own mistake with one "
+                                              "(measured: docs/learning.md 'One wrong label "
+                                              "in the window'); 1 = at the first", hot=True,
                                               lo=1, hi=1000)
     drift_wide_contra_examples: int = _opt(500, "the examples after a drift alarm in which "
                                            "drift_wide_contra_relax acts; 0 = off", hot=True,

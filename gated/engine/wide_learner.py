@@ -25,18 +25,13 @@ from .wide_logit import (
     pair_logit,
     veto_combine,
 )
+from .wide_window import ContradictionWindow
 
 #: `WideAdaGrad.learn`'s doubt when there is none: (factor 1, no threshold).
 NO_DOUBT = (1.0, 0.0)
 
-#: `WideAdaGrad._decay_unsupported` leaves a weight whose part of the member's linear
-#: logit pushes against the label by this much or less (measured in the harness: 0.3
-#: kept the decay to the old policy's confident marks and shapes; at 0 every byte n-gram
-#: of a flipped call decayed too, and the new policy's blocks were learned less by them)
-CONTRA_DECAY_LEAST = 0.3
 
-
-class WideAdaGrad:
+class WideAdaGrad(ContradictionWindow):
     """Online AdaGrad on the wide path's weights, one signal at a time.
 
     For a signal with sparse features (idx, val), pair features (c, cv, h, hv, entry), the rest
@@ -81,22 +76,7 @@ class WideAdaGrad:
         #: `destination_row`), which a first look's "block" does not step (`learn`)
         self.destination_from = (None if pair is None or not destination_rows
                                  else pair[0].shape[0] - destination_rows)
-        #: after a drift alarm: examples left whose contradicting labels relax their
-        #: buckets' sums, by what factor, beyond which margin, and the buckets relaxed
-        #: already (`relax_contradicted`)
-        self.contra_left, self.contra_factor, self.contra_margin = 0, 1.0, 0.0
-        self.contra_done: set[int] = set()
-        self.contra_examples = 0  # the window's length when it opened
-        #: ... the factor on the unsupported weights a contradicting label pushes against
-        #: (1: off), how many such labels a weight waits for, the labels counted so far
-        #: per bucket, the buckets an example of the window has supported, and whether the
-        #: examples learned now count as support (`support_paused`)
-        self.contra_decay, self.contra_votes = 1.0, 1
-        self.contra_against: dict[int, int] = {}
-        self.contra_supported: set[int] = set()
-        self.contra_counts_support = True
-        #: what the decay took from each bucket since the window opened (`restore_decayed`)
-        self.contra_removed: dict[int, float] = {}
+        self._close_window()
 
     @classmethod
     def for_model(cls, model, accum_flat, **kw) -> WideAdaGrad | WideBag:
@@ -313,124 +293,6 @@ class WideAdaGrad:
         before + learned (a withdrawn drift alarm)."""
         self.w[...] += (1.0 - factor) * before
 
-    def relax_contradicted(self, factor: float, examples: int, margin: float,
-                           decay: float = 1.0, votes: int = 1) -> None:
-        """For the next `examples` learned (signals, second looks, replays), an example
-        whose label contradicts the logit by more than `margin` first multiplies the
-        AdaGrad sums of its linear buckets by `factor`, each bucket once (a drift alarm
-        calls it: `train.drift_wide_contra_relax`; `examples` 0 ends it), and with `decay`
-        < 1 multiplies by `decay` the weights it pushes against that no example of the
-        window has supported yet, from the `votes`-th such example on
-        (`_decay_unsupported`; `train.drift_wide_contra_decay`, `_decay_votes`).
-
-        Why (docs/learning.md, "Relaxing what the new policy contradicts"): after a policy
-        change the host shapes and known names the old policy made confident (+2..+4 on
-        calls the new one blocks) step by lr g / sqrt(G) with G summed over thousands of
-        signals, so they turn slowly; relaxing every sum at the alarm turned them faster
-        but let the new policy's first examples be learned by their own n-grams more than
-        by the shapes an unseen value shares with them (block recall on unseen values
-        fell). Here only the buckets of calls the new labels contradict get large steps
-        again; the features that still hold keep their sums. Not checkpointed (as the bag's
-        `learn_all_for`): a restart inside the window ends it."""
-        self.contra_left, self.contra_factor = max(0, int(examples)), float(factor)
-        self.contra_margin, self.contra_done = float(margin), set()
-        self.contra_examples = self.contra_left
-        self.contra_decay, self.contra_supported = float(decay), set()
-        self.contra_votes, self.contra_against = max(1, int(votes)), {}
-        self.contra_removed = {}
-
-    def in_window_first(self, n: int) -> bool:
-        """Whether the contradiction window is open and fewer than `n` of its examples
-        are learned yet (`train.drift_wide_unscaled_examples`)."""
-        return self.contra_left > 0 and self.contra_examples - self.contra_left < n
-
-    def _relax_if_contradicted(self, st: dict, label: float) -> bool:
-        """One example of `relax_contradicted`'s window: `st` is its `_gradient`. True if
-        weights decayed (`st` is then stale: the step must be taken at the new weights)."""
-        self.contra_left -= 1
-        z = st["z"]
-        contradicted = (z >= 0.0) != (label >= 0.5) and abs(z) > self.contra_margin
-        decayed = False
-        if self.contra_decay != 1.0:  # off: no support to keep either
-            # each bucket's part of the logit, signed toward the label: > 0 supports it
-            push = st["w_now"] * st["val"] * (1.0 if label >= 0.5 else -1.0)
-            decayed = contradicted and self._decay_unsupported(st["idx"], push)
-            if self.contra_counts_support:
-                self.contra_supported.update(st["idx"][push > 0.0].tolist())
-        if not contradicted:
-            return False
-        fresh = [j for j in st["idx"].tolist() if j not in self.contra_done]
-        if fresh:
-            self.contra_done.update(fresh)
-            d = self.xp.asarray(np.asarray(fresh, dtype=np.intp))
-            self.g2[d] = self.g2[d] * self.contra_factor
-        return decayed
-
-    @contextlib.contextmanager
-    def support_paused(self) -> Iterator[None]:
-        """What is learned inside counts as no support for `_decay_unsupported` (it still
-        counts in the window and is contradicted as ever). For the second looks a drift
-        alarm takes at once (`train.drift_look_now`): they start at the change's
-        estimated start, which can come ~50 signals before the change, and the old
-        policy's labels among them (the known installs it allowed) supported the very
-        weights the new policy's installs contradict."""
-        before, self.contra_counts_support = self.contra_counts_support, False
-        try:
-            yield
-        finally:
-            self.contra_counts_support = before
-
-    def _decay_unsupported(self, idx: np.ndarray, push: np.ndarray) -> bool:
-        """Multiply by `contra_decay` the linear weights of a contradicted example that push
-        against its label by more than `CONTRA_DECAY_LEAST` logits, that no example of
-        the window has supported (pushed toward its own label) yet, and that this is the
-        `contra_votes`-th contradicted example of the window to push against.
-
-        Why (docs/learning.md, "Decaying what only the flipped calls read"): after a
-        change that blocks every package install, the old policy's known-package mark
-        (+2 logits toward "allow", learned from hundreds of allowed installs) is read by
-        the installs alone, and the relaxed sums still turn it only ~0.3 a contradiction:
-        five to seven blocked installs, more than the new policy's first 200 signals
-        show. A weight that the calls the change kept also read (the shared n-grams,
-        a tool's shapes) is supported by them and keeps its value; small weights (the
-        byte n-grams one at a time) are left to the steps, which learn the new policy on
-        the features an unseen value shares.
-
-        Why the votes (docs/learning.md, "One wrong label in the window"): a policy
-        change contradicts a weight with many calls, the gate's own mistake with one. At
-        a single vote one wrong "block" of an allowed e-mail, 60 signals into the window
-        and before any allowed e-mail there had supported them, took every e-mail's
-        shapes and n-grams (+4.6 logits to ~0: seed 15's history rule 0.645 at the
-        change's checkpoint). A second look or a replay of the same call counts
-        again: votes count labels learned, not calls."""
-        against = [j for j in idx[push < -CONTRA_DECAY_LEAST].tolist()
-                   if j not in self.contra_supported]  # a few at most
-        bad = []
-        for j in against:
-            self.contra_against[j] = seen = self.contra_against.get(j, 0) + 1
-            if seen >= self.contra_votes:
-                bad.append(j)
-        if bad:
-            d = self.xp.asarray(np.asarray(bad, dtype=np.intp))
-            now = self._host(self.w[d]).astype(np.float64)
-            self.w[d] = self.xp.asarray(now * self.contra_decay, dtype=self.w.dtype)
-            for j, taken in zip(bad, (1.0 - self.contra_decay) * now, strict=True):
-                self.contra_removed[j] = self.contra_removed.get(j, 0.0) + float(taken)
-        return bool(bad)
-
-    def restore_decayed(self) -> bool:
-        """Give back what `_decay_unsupported` took since the window opened, keeping what
-        was learned since (a withdrawn drift alarm: the contradicting labels were the
-        gate's own mistakes, and the weights they decayed were right). True if any."""
-        if not self.contra_removed:
-            return False
-        rows = np.fromiter(self.contra_removed, np.intp, len(self.contra_removed))
-        taken = np.fromiter(self.contra_removed.values(), np.float64, len(rows))
-        d = self.xp.asarray(rows)
-        self.w[d] = self.w[d] + self.xp.asarray(taken, dtype=self.w.dtype)
-        self.contra_removed = {}
-        return True
-
     def relax(self, factor: float, pair_factor: float | None = None) -> None:
         """Scale the squared-gradient sums by `factor` (0 = forget them), the pair term's
         by `pair_factor` (default: `factor`): after a policy change AdaGrad's steps have
@@ -547,11 +409,11 @@ class WideBag:
         return any([learner.restore_decayed() for learner in self.learners])
 
     @contextlib.contextmanager
-    def support_paused(self) -> Iterator[None]:
-        """`WideAdaGrad.support_paused` on every member."""
+    def alarm_evidence(self) -> Iterator[None]:
+        """`WideAdaGrad.alarm_evidence` on every member."""
         with contextlib.ExitStack() as stack:
             for learner in self.learners:
-                stack.enter_context(learner.support_paused())
+                stack.enter_context(learner.alarm_evidence())
             yield
 
     def relax(self, factor: float, pair_factor: float | None = None) -> None:

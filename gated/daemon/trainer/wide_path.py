@@ -158,7 +158,7 @@ class WidePath:
                                                     s.drift_wide_contra_decay,
                                                     s.drift_wide_contra_decay_votes))
         if self.learner is not None and s.drift_look_now:
-            with self.learner.support_paused():  # they may start before the change
+            with self.learner.alarm_evidence():  # they may start before the change
                 self._learn_looks(self.second_look.take_from(began_seq, seen_seq), seen_seq)
             self.dirty = True
         if undo is None:
