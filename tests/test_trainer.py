@@ -366,6 +366,8 @@ def test_a_drift_alarm_takes_the_new_policys_second_looks_at_once_unless_turned_
     trainer._on_drift(4, 5)  # began at signal 4 (1-based), seen at 5: signal 6's waits
     assert calls[6:] == [0.0, 0.0] and len(trainer.wide_path.second_look) == 1
     assert trainer.wide_path.dirty and "taken now" in trainer.wide_path.drift_note(False)
+    assert "once 2 labels have gone against them, each of the alarm's looks" in (
+        trainer.wide_path.drift_note(False))  # the decay's votes, told to the operator
     trainer.apply_settings(dataclasses.replace(trainer.settings, drift_look_now=False))
     trainer._on_drift(6, 6)
     assert calls[8:] == [] and len(trainer.wide_path.second_look) == 1

@@ -180,7 +180,11 @@ class WidePath:
                      f"{s.drift_wide_contra_margin:g} logits step as if new (sums "
                      f"x{s.drift_wide_contra_relax:g}"
                      + (f"; the weights it pushes against that nothing in the window "
-                        f"supported x{s.drift_wide_contra_decay:g})"
+                        f"supported x{s.drift_wide_contra_decay:g}"
+                        + (f" once {s.drift_wide_contra_decay_votes} labels have gone "
+                           "against them" + (", each of the alarm's looks counting as all"
+                                             if s.drift_look_now else "")
+                           if s.drift_wide_contra_decay_votes > 1 else "") + ")"
                         if s.drift_wide_contra_decay != 1.0 else ")"))
         if self.learner is not None and s.drift_look_now:
             note += ", the second looks waiting since the change's start taken now"
