@@ -30,6 +30,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
+from bench.bench_learning import field_overrides  # noqa: E402
 from bench.wide_parts import logit_parts, parts_table  # noqa: E402
 from gated.config import TrainConfig  # noqa: E402
 from gated.daemon.trainer import build_trainer  # noqa: E402
@@ -63,9 +64,8 @@ def main() -> None:
     ap.add_argument("--watch", default="", help="comma-separated tools to list after the change")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     a = ap.parse_args()
-    base = TrainConfig()
-    over = {k: type(getattr(base, k))(v) for k, v in (s.split("=", 1) for s in a.set)}
-    settings = dataclasses.replace(base, lr=0.0, **over)
+    settings = dataclasses.replace(TrainConfig(), lr=0.0,
+                                   **field_overrides(TrainConfig, a.set, "--set"))
     cfg = ModelConfig.preset("flint")
     at = {int(x) for x in a.at.split(",") if x}
     watch = set(filter(None, a.watch.split(",")))

@@ -31,24 +31,30 @@ CONTRA_DECAY_LEAST = 0.3
 class ContradictionWindow:
     """The window's state and rules (see the module's docstring); closed until an alarm."""
 
+    #: after a drift alarm: examples left whose contradicting labels relax their buckets'
+    #: sums, by what factor, beyond which margin, the buckets relaxed already, and the
+    #: window's length when it opened (`relax_contradicted`)
+    contra_left: int
+    contra_factor: float
+    contra_margin: float
+    contra_done: set[int]
+    contra_examples: int
+    #: ... the factor on the unsupported weights a contradicting label pushes against (1:
+    #: off), how many such labels a weight waits for, the labels counted so far per bucket,
+    #: the buckets an example of the window has supported, whether the examples learned
+    #: now are the alarm's own evidence (`alarm_evidence`), and what the decay took from
+    #: each bucket since the window opened (`restore_decayed`)
+    contra_decay: float
+    contra_votes: int
+    contra_against: dict[int, int]
+    contra_supported: set[int]
+    contra_evidence: bool
+    contra_removed: dict[int, float]
+
     def _close_window(self) -> None:
-        """The state of a learner no alarm has opened a window for."""
-        #: after a drift alarm: examples left whose contradicting labels relax their
-        #: buckets' sums, by what factor, beyond which margin, and the buckets relaxed
-        #: already (`relax_contradicted`)
-        self.contra_left, self.contra_factor, self.contra_margin = 0, 1.0, 0.0
-        self.contra_done: set[int] = set()
-        self.contra_examples = 0  # the window's length when it opened
-        #: ... the factor on the unsupported weights a contradicting label pushes against
-        #: (1: off), how many such labels a weight waits for, the labels counted so far
-        #: per bucket, the buckets an example of the window has supported, and whether the
-        #: examples learned now are the alarm's own evidence (`alarm_evidence`)
-        self.contra_decay, self.contra_votes = 1.0, 1
-        self.contra_against: dict[int, int] = {}
-        self.contra_supported: set[int] = set()
+        """The state of a learner no alarm has opened a window for: a window of 0 examples."""
         self.contra_evidence = False
-        #: what the decay took from each bucket since the window opened (`restore_decayed`)
-        self.contra_removed: dict[int, float] = {}
+        self.relax_contradicted(1.0, 0, 0.0)
 
     def relax_contradicted(self, factor: float, examples: int, margin: float,
                            decay: float = 1.0, votes: int = 1) -> None:

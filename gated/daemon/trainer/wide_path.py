@@ -175,17 +175,19 @@ class WidePath:
         if shrunk:
             note += f", the wide path's linear weights x{s.drift_wide_shrink:g} (kept if confirmed)"
         if self.learner is not None and self.learner.contra_left > 0:
+            decay = ""
+            if s.drift_wide_contra_decay != 1.0:
+                decay = ("; the weights it pushes against that nothing in the window "
+                         f"supported x{s.drift_wide_contra_decay:g}")
+                if s.drift_wide_contra_decay_votes > 1:
+                    decay += (f" once {s.drift_wide_contra_decay_votes} labels have gone "
+                              "against them")
+                    if s.drift_look_now:
+                        decay += ", each of the alarm's looks counting as all"
             note += (f", and for the next {s.drift_wide_contra_examples} examples the wide "
                      "path's features of a call it gets wrong by more than "
                      f"{s.drift_wide_contra_margin:g} logits step as if new (sums "
-                     f"x{s.drift_wide_contra_relax:g}"
-                     + (f"; the weights it pushes against that nothing in the window "
-                        f"supported x{s.drift_wide_contra_decay:g}"
-                        + (f" once {s.drift_wide_contra_decay_votes} labels have gone "
-                           "against them" + (", each of the alarm's looks counting as all"
-                                             if s.drift_look_now else "")
-                           if s.drift_wide_contra_decay_votes > 1 else "") + ")"
-                        if s.drift_wide_contra_decay != 1.0 else ")"))
+                     f"x{s.drift_wide_contra_relax:g}{decay})")
         if self.learner is not None and s.drift_look_now:
             note += ", the second looks waiting since the change's start taken now"
         return note
