@@ -192,7 +192,7 @@ def test_a_drift_alarm_has_every_member_of_a_bag_learn(tmp_path):
 
 
 def test_the_wide_paths_hot_settings_reach_its_learner(tmp_path):
-    """Every `wide_*` setting marked hot in config/schema.py takes effect on a reload
+    """Every `wide_*` setting marked hot in config/train.py takes effect on a reload
     (`wide_pair_lr` was marked hot and never reached the learner)."""
     store, trainer, _ = _trainer(tmp_path / "s", wide_pair_first=True)
     w = trainer.wide_path.learner

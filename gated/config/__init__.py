@@ -10,6 +10,9 @@ Modules, by concern:
 
 * :mod:`~gated.config.schema`: the sections (dataclasses), their keys, defaults, docs,
   and which keys are hot (:data:`SAFE_KEYS`);
+* :mod:`~gated.config.train`: :class:`TrainConfig`, the ``[train]`` section (the learning
+  defaults);
+* :mod:`~gated.config.fields`: ``_opt``, how a key is declared (default, doc, hot, range);
 * :mod:`~gated.config.limits`: :class:`Limits`, the ``[limits]`` section, shared by the
   wire protocol and the signal validator;
 * :mod:`~gated.config.addresses`: ``HOST:PORT`` and Unix socket path checks;
