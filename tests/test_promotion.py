@@ -310,7 +310,7 @@ def test_the_wide_paths_progress_is_published_while_a_new_transformer_waits(tmp_
     # a worse wide path is refused: serving keeps its version
     trainer.model.params["wide.w"][...] *= -50.0
     trainer.wide_path.dirty = True
-    trainer._last_swap_time = float("-inf")
+    trainer.due_now()
     assert trainer._maybe_swap(force=False) is False
     assert trainer.status.version == version + 1 and serving.current.version == version + 1
     assert not events.decisions[-1]["published"]

@@ -73,6 +73,17 @@ def test_only_after_the_soon_interval(tmp_path):
     assert not _published_after(tmp_path, [*ALLOWED, BLOCKED], at=0.1, served=UNSURE_ALLOW)
 
 
+def test_a_second_unsure_block_does_not_bring_it_sooner(tmp_path):
+    """Each unsure block asks for the same due time, `swap_soon_seconds` after the last
+    publication (each one used to move it `swap_every_seconds - swap_soon_seconds` earlier:
+    here the second made it due 9.6 s in the past), and the soon interval then holds."""
+    second = {"context": "shell.exec rm -rf /var/lib/db", "decision": "block"}
+    assert not _published_after(tmp_path, [*ALLOWED, BLOCKED, second], at=0.1,
+                                served=UNSURE_ALLOW)
+    assert _published_after(tmp_path / "later", [*ALLOWED, BLOCKED, second], at=0.5,
+                            served=UNSURE_ALLOW)
+
+
 def test_off_the_block_waits_for_the_ordinary_cadence(tmp_path):
     assert not _published_after(tmp_path, [*ALLOWED, BLOCKED], at=0.5, served=UNSURE_ALLOW,
                                 soon=0.0)

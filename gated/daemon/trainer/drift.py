@@ -11,7 +11,6 @@ training loop only calls into (`Trainer._score`, the resume's `apply_drift_verdi
 from __future__ import annotations
 
 import logging
-import math
 
 log = logging.getLogger("gated.trainer")
 
@@ -19,7 +18,7 @@ log = logging.getLogger("gated.trainer")
 class DriftResponse:
     """Mixin of `Trainer`: the response to drift alarms. Uses the trainer's
     `replay_floor` (set in `Trainer.__init__`), promotion gate, wide path, monitor, store,
-    settings, events and `_last_swap_time` (publication.py)."""
+    settings, events and `due_now` (publication.py)."""
 
     def _on_drift(self, began_seq: int, seen_seq: int) -> None:
         """A policy change (detected at signal `seen_seq`): stop replaying what the old
@@ -34,7 +33,7 @@ class DriftResponse:
             # what the wide path holds unpublished (its weights shrunk by the alarm, or
             # learned since the last swap) serves at the next chance, not a swap interval
             # later: the new policy's first signals are where it acts
-            self._last_swap_time = -math.inf
+            self.due_now()
         log.warning("drift: the serving model's error rate rose (Page-Hinkley); the change "
                     "began around signal %d. EWC off and replay at %.0f%% for the next %d "
                     "signals%s; the replay examples labelled before it are not replayed, and "

@@ -146,7 +146,7 @@ class Trainer(Control, DriftResponse, GpuFallback, Publication, threading.Thread
         #: the clock of the time-based decisions (swap cadence, the promotion gate's share
         #: of time): the learning benchmark runs the trainer on its virtual clock
         self.clock: Callable[[], float] = time.monotonic
-        self._last_swap_time = self.clock()
+        self._swapped_at(self.clock())
         self._steps_since_swap = 0
         self._last_ckpt_step = step
         #: selective backprop's (rank, example) candidates not yet given to a step
@@ -180,7 +180,7 @@ class Trainer(Control, DriftResponse, GpuFallback, Publication, threading.Thread
     def use_clock(self, clock: Callable[[], float]) -> None:
         """Time the swap cadence and the promotion gate's share by `clock` (seconds)."""
         self.clock = self.promotion.clock = clock
-        self._last_swap_time = clock()
+        self._swapped_at(clock())
         self.promotion._judged_at = float("-inf")
 
     @property

@@ -11,6 +11,7 @@ what the trainer resumes from (resume.py), then applies retention to the signal 
 from __future__ import annotations
 
 import logging
+import math
 import secrets
 import time
 from dataclasses import dataclass
@@ -42,7 +43,10 @@ class Publication:
     step)."""
 
     _good: _GoodState  # what a rollback restores
-    _last_swap_time: float  # by `clock`
+    _last_swap_time: float  # by `clock`: the last publication, or a refused judgement
+    #: by `clock`: a publication due before the cadence's (`publish_soon`, a drift alarm's
+    #: `due_now`); inf: none. Reset by `_swapped_at`.
+    _due_early: float
     _steps_since_swap: int
     _refusals: int  # promotion refusals in a row
     _last_ckpt_step: int
@@ -78,7 +82,18 @@ class Publication:
     @property
     def next_swap_at(self) -> float:
         """When (by `clock`) the swap cadence next allows a publication."""
-        return self._last_swap_time + self.settings.swap_every_seconds
+        return min(self._last_swap_time + self.settings.swap_every_seconds, self._due_early)
+
+    def _swapped_at(self, t: float) -> None:
+        """A publication (or a judgement that refused one) at `t`: the cadence counts from
+        there, and an earlier due time asked for before it is spent."""
+        self._last_swap_time = t
+        self._due_early = math.inf
+
+    def due_now(self) -> None:
+        """The next chance publishes (the promotion gate still judges): a drift alarm's
+        shrunk wide path."""
+        self._due_early = -math.inf
 
     def publish_soon(self) -> None:
         """A fresh call labelled block that serving leaned allow on (p_allow >= 0.5) while
@@ -102,11 +117,16 @@ class Publication:
         LMDB (~40-90 ms for flint on a 2-core CPU) and the daemon's serving process reads
         them back, and publishing after each raised the versions from ~45 to 54-74 in
         every 1,000 signals for nothing (docs/learning.md, "Publishing an unsure miss
-        soon")."""
+        soon").
+
+        A second such call before that publication changes nothing. (Before 2026-12-03
+        each call moved the cadence's origin `swap_every_seconds - swap_soon_seconds`
+        earlier, so a second one within `swap_soon_seconds` of the last publication made
+        it due at once, against this docstring.)"""
         s = self.settings
         if s.swap_soon_seconds > 0:
-            self._last_swap_time = min(self._last_swap_time, self._last_swap_time
-                                       - s.swap_every_seconds + s.swap_soon_seconds)
+            self._due_early = min(self._due_early,
+                                  self._last_swap_time + s.swap_soon_seconds)
 
     def publish_if_due(self) -> bool:
         """Idle (nothing fresh to take): publish what the wide path learned, if a swap is
@@ -140,7 +160,7 @@ class Publication:
         self._refusals += 1
         log.warning("promotion gate: candidate NOT published (%s); serving keeps version %d "
                     "(refusal %d in a row)", d.reason, self.status.version, self._refusals)
-        self._last_swap_time = self.clock()  # judge again after the next interval
+        self._swapped_at(self.clock())  # judge again after the next interval
         if (self._refusals >= self.settings.promotion_max_refusals and not self._in_step
                 and not self._judging):
             # (in the middle of a step the rollback waits for the step's own swap)
@@ -212,7 +232,7 @@ class Publication:
         if judged:
             self.promotion.published(version)
         self.wide_path.dirty = False
-        self._last_swap_time = self.clock()
+        self._swapped_at(self.clock())
         self.events.on_swap(version)
 
     def _publish_wide_progress(self) -> bool:
