@@ -162,7 +162,15 @@ def test_kill9_checkpoint_is_always_one_step(tmp_path, zygote):
     state = str(tmp_path / "state")
     rnd = random.Random(7)
     last_ckpt = last_pub = 0
-    for r in range(CHECKPOINT_ROUNDS):
+    r = 0
+    # at least CHECKPOINT_ROUNDS kills; more (up to 4x) where a slow machine's children
+    # acknowledged fewer checkpoints than that by then (23 of 25 on a 2-core VM whose BLAS
+    # probe ran at ~2/3 of the usual speed): the kill moments stay the same random draws,
+    # and the floor below still says the children got far enough for the test to prove
+    # something
+    while r < CHECKPOINT_ROUNDS or (last_ckpt < CHECKPOINT_ROUNDS
+                                    and r < 4 * CHECKPOINT_ROUNDS):
+        r += 1
         # pieces of 64 KiB: each 200 KB array takes 4 write transactions, then the head's
         lines = zygote.run_and_kill({"mode": "checkpoints", "dir": state,
                                      "map_size": 256 * 1024, "piece_bytes": 64 * 1024},
