@@ -243,3 +243,28 @@ def test_served_probability_discounts_the_transformers_part_by_its_share():
                                1 / (1 + np.exp(-(2 * wide + z - wide + 0.5))), rtol=1e-9)
     np.testing.assert_allclose(Calibration(2.0, 0.5).of(z, src, model),
                                1 / (1 + np.exp(-(2 * z + 0.5))), rtol=1e-9)
+
+
+def _share_fit(deep_weight: float, n: int, seed: int, deep_sd: float = 1.0) -> PlattCalibrator:
+    """A gate with a wide path (share prior 0) on `n` pairs whose label follows z_wide +
+    deep_weight * z_deep (z_wide's spread 2, z_deep's `deep_sd`)."""
+    rng = np.random.default_rng(seed)
+    zw, zd = rng.normal(0, 2, n), rng.normal(0, deep_sd, n)
+    y = (rng.random(n) < 1 / (1 + np.exp(-(zw + deep_weight * zd)))).astype(float)
+    cal = PlattCalibrator(size=n, refit_every=10**9, min_samples=1, share_prior=0.0)
+    for w, d, yi in zip(zw, zd, y, strict=True):
+        cal.update(w + d, yi, z_deep=d)
+    cal.fit()
+    return cal
+
+
+def test_a_share_the_newest_pairs_do_not_clearly_support_stays_at_its_prior():
+    """A transformer part that carries nothing: the free fit gives it a small share by
+    chance on some draws (its d sits inside [-a, 0]); the map keeps the prior share, 0,
+    on every draw, since the newest quarter shows no gain beyond two standard errors."""
+    for seed in range(8):
+        cal = _share_fit(0.0, 600, seed)
+        assert cal.d == -cal.a, f"seed {seed}: share {(cal.a + cal.d) / cal.a:.3f}"
+    # ...while a part that is half the signal earns its whole share on as few pairs
+    earned = [_share_fit(1.0, 600, seed, deep_sd=2.0) for seed in range(8)]
+    assert all((c.a + c.d) / c.a > 0.8 for c in earned), [c.params for c in earned]
