@@ -32,14 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 from gated.config.train import TrainConfig  # noqa: E402
 from gated.daemon.trainer.wide_path import early_block_weight  # noqa: E402
 from gated.online.calibration import PlattCalibrator  # noqa: E402
-from gated.online.monitor import MonitorSettings  # noqa: E402
-
-
-class FreeShareCalibrator(PlattCalibrator):
-    """The rule before f433c0e: the share is fitted freely whenever the map is refitted."""
-
-    def _earns_share(self, free, held, x, y, w) -> bool:  # noqa: ANN001
-        return True
+from gated.online.monitor import Monitor, MonitorSettings  # noqa: E402
 
 
 @dataclass
@@ -60,15 +53,19 @@ class Replay:
             self.shares.append((a + d) / a)
 
 
-def calibrator(rule: type[PlattCalibrator]) -> PlattCalibrator:
-    m = MonitorSettings()
-    return rule(size=m.calibration_window, share_prior=0.0, burn_in=m.calibration_burn_in,
-                intercept_max=m.calibration_intercept_max)
+def calibrator(free_share: bool) -> PlattCalibrator:
+    """The calibrator the daemon's monitor builds for a gate with a wide path (the share's
+    prior 0, as the trainer sets it); `free_share`: under the rule before f433c0e, the share
+    fitted freely whenever the map is refitted."""
+    cal = Monitor(MonitorSettings(transformer_share_prior=0.0)).calibrator
+    if free_share:
+        cal._earns_share = lambda *_: True
+    return cal
 
 
 def replay(path: str) -> tuple[Replay, Replay]:
     s = TrainConfig()
-    today, before = Replay(calibrator(PlattCalibrator)), Replay(calibrator(FreeShareCalibrator))
+    today, before = Replay(calibrator(free_share=False)), Replay(calibrator(free_share=True))
     with open(path) as f:
         for line in f:
             r = json.loads(line)
