@@ -175,8 +175,9 @@ def test_a_bag_is_trained_published_and_restored_whole(tmp_path):
 
 def test_a_drift_alarm_has_every_member_of_a_bag_learn(tmp_path):
     """On a drift alarm the trainer gives its bag `train.drift_wide_bag_all` examples that
-    every member learns (default 500); the setting is hot: a reload changes what the next
-    alarm gives, and 0 leaves the draws as always."""
+    every member learns (default 500), kept when the alarm is confirmed and ended when it
+    is withdrawn (the gate's own mistakes: no new policy to learn fast); the setting is
+    hot: a reload changes what the next alarm gives, and 0 leaves the draws as always."""
     cfg = dataclasses.replace(ModelConfig.tiny(), wide_members=3)
     store = Store(tmp_path / "s")
     trainer, _ = build_trainer(store, cfg, TrainConfig(), seed=0)
@@ -184,7 +185,11 @@ def test_a_drift_alarm_has_every_member_of_a_bag_learn(tmp_path):
     assert isinstance(bag, WideBag) and bag.all_learn_left == 0
     trainer._on_drift(1, 1)
     assert bag.all_learn_left == TrainConfig().drift_wide_bag_all == 500
-    bag.learn_all_for(0)
+    trainer.wide_path.on_drift_verdict(1, confirmed=True)
+    assert bag.all_learn_left == 500
+    trainer._on_drift(3, 3)
+    trainer.wide_path.on_drift_verdict(3, confirmed=False)
+    assert bag.all_learn_left == 0
     trainer.apply_settings(dataclasses.replace(trainer.settings, drift_wide_bag_all=0))
     trainer._on_drift(2, 2)
     assert bag.all_learn_left == 0
@@ -275,7 +280,7 @@ def test_after_an_alarm_a_contradicting_label_relaxes_its_buckets_sums_once():
     g = (1.0 / (1.0 + np.exp(-before[[1, 2]] @ val))) * val
     np.testing.assert_allclose(accum[[1, 2]], g * g)
     np.testing.assert_allclose(weights[[1, 2]], before[[1, 2]] - 0.5, rtol=1e-6)  # full lr
-    assert learner.contra_done == {1, 2}
+    assert learner.contra_done.keys() == {1, 2}
     kept = accum[[1, 2]].copy()
     learner.learn(idx, val, 0.0, 0.0, 1.0)  # contradicts again: relaxed once already
     assert np.all(accum[[1, 2]] > kept)
@@ -285,6 +290,41 @@ def test_after_an_alarm_a_contradicting_label_relaxes_its_buckets_sums_once():
     weights[4], accum[4] = -3.0, 100.0
     learner.learn(np.array([4]), np.array([1.0]), 0.0, 1.0, 1.0)  # past the window
     assert accum[4] > 100.0
+
+
+def test_a_withdrawn_alarm_gives_back_the_sums_its_window_relaxed():
+    """A withdrawn drift alarm (`adapt_to_drift_verdict`, not confirmed) gives back what
+    the contradiction window's relax took from each sum, keeping every g^2 added since
+    (sum = before + learned) and the weights' steps; a bucket the window never relaxed
+    keeps its sum, and what is given back is given back once. A confirmed alarm keeps the
+    sums relaxed: there the labels were the new policy."""
+    from gated.daemon.trainer.wide_path import adapt_to_drift_verdict
+
+    def relaxed_learner() -> tuple[WideAdaGrad, np.ndarray, np.ndarray]:
+        weights, accum = np.zeros(8), np.full(8, 100.0)
+        weights[[1, 2]] = [2.0, 2.0]
+        learner = WideAdaGrad(weights, accum, scale=1.0, lr=0.5, l2=0.0)
+        learner.relax_contradicted(0.1, 10, 0.0)
+        idx, val = np.array([1, 2]), np.array([0.6, 0.8])
+        learner.learn(idx, val, 0.0, 0.0, 1.0)  # "block" against z = 2.8: relaxed x0.1
+        assert np.all(accum[[1, 2]] < 11.0)
+        learner.learn(idx, val, 0.0, 1.0, 1.0)  # then "allow" (the correction): agrees
+        return learner, weights, accum
+
+    learner, weights, accum = relaxed_learner()
+    learned = accum[[1, 2]] - 10.0  # every g^2 added to the relaxed sums
+    assert np.all(learned > 0.0)
+    stepped = weights.copy()
+    assert adapt_to_drift_verdict(learner, None, confirmed=False)
+    np.testing.assert_allclose(accum[[1, 2]], 100.0 + learned, rtol=1e-12)
+    np.testing.assert_array_equal(accum[[0, 3, 4]], 100.0)  # never relaxed: as it was
+    np.testing.assert_array_equal(weights, stepped)  # the steps taken stay
+    assert not learner.restore_window()  # given back once
+
+    learner, weights, accum = relaxed_learner()
+    kept = accum.copy()
+    assert not adapt_to_drift_verdict(learner, None, confirmed=True)
+    np.testing.assert_array_equal(accum, kept)  # confirmed: relaxed they stay
 
 
 def test_in_the_window_a_contradicting_label_decays_the_unsupported_weights_it_pushes_against():
@@ -338,7 +378,7 @@ def test_in_the_window_a_contradicting_label_decays_the_unsupported_weights_it_p
     assert abs(stepped[1]) < 1e-3 and abs(stepped[2]) < 1e-3
     assert adapt_to_drift_verdict(learner, None, confirmed=False)
     np.testing.assert_allclose(w[[1, 2]], before[[1, 2]] + stepped[[1, 2]], atol=1e-12)
-    assert learner.contra_left == 0 and not learner.restore_decayed()
+    assert learner.contra_left == 0 and not learner.restore_window()
 
     learner, w = fresh(1.0)  # off
     before = w.copy()

@@ -404,9 +404,9 @@ class WideBag:
         for learner in self.learners:
             learner.relax_contradicted(factor, examples, margin, decay, votes)
 
-    def restore_decayed(self) -> bool:
-        """`WideAdaGrad.restore_decayed` on every member."""
-        return any([learner.restore_decayed() for learner in self.learners])
+    def restore_window(self) -> bool:
+        """`WideAdaGrad.restore_window` on every member."""
+        return any([learner.restore_window() for learner in self.learners])
 
     @contextlib.contextmanager
     def alarm_evidence(self) -> Iterator[None]:

@@ -32,18 +32,19 @@ class ContradictionWindow:
     """The window's state and rules (see the module's docstring); closed until an alarm."""
 
     #: after a drift alarm: examples left whose contradicting labels relax their buckets'
-    #: sums, by what factor, beyond which margin, the buckets relaxed already, and the
-    #: window's length when it opened (`relax_contradicted`)
+    #: sums, by what factor, beyond which margin, the buckets relaxed already with what
+    #: the relax took from each sum (`restore_window`), and the window's length when it
+    #: opened (`relax_contradicted`)
     contra_left: int
     contra_factor: float
     contra_margin: float
-    contra_done: set[int]
+    contra_done: dict[int, float]
     contra_examples: int
     #: ... the factor on the unsupported weights a contradicting label pushes against (1:
     #: off), how many such labels a weight waits for, the labels counted so far per bucket,
     #: the buckets an example of the window has supported, whether the examples learned
     #: now are the alarm's own evidence (`alarm_evidence`), and what the decay took from
-    #: each bucket since the window opened (`restore_decayed`)
+    #: each bucket since the window opened (`restore_window`)
     contra_decay: float
     contra_votes: int
     contra_against: dict[int, int]
@@ -76,7 +77,7 @@ class ContradictionWindow:
         again; the features that still hold keep their sums. Not checkpointed (as the bag's
         `learn_all_for`): a restart inside the window ends it."""
         self.contra_left, self.contra_factor = max(0, int(examples)), float(factor)
-        self.contra_margin, self.contra_done = float(margin), set()
+        self.contra_margin, self.contra_done = float(margin), {}
         self.contra_examples = self.contra_left
         self.contra_decay, self.contra_supported = float(decay), set()
         self.contra_votes, self.contra_against = max(1, int(votes)), {}
@@ -104,9 +105,11 @@ class ContradictionWindow:
             return False
         fresh = [j for j in st["idx"].tolist() if j not in self.contra_done]
         if fresh:
-            self.contra_done.update(fresh)
             d = self.xp.asarray(np.asarray(fresh, dtype=np.intp))
-            self.g2[d] = self.g2[d] * self.contra_factor
+            sums = self.g2[d]
+            taken = (1.0 - self.contra_factor) * self._host(sums).astype(np.float64)
+            self.contra_done.update(zip(fresh, taken.tolist(), strict=True))
+            self.g2[d] = sums * self.contra_factor
         return decayed
 
     @contextlib.contextmanager
@@ -168,15 +171,32 @@ class ContradictionWindow:
                 self.contra_removed[j] = self.contra_removed.get(j, 0.0) + float(taken)
         return bool(bad)
 
-    def restore_decayed(self) -> bool:
-        """Give back what `_decay_unsupported` took since the window opened, keeping what
-        was learned since (a withdrawn drift alarm: the contradicting labels were the
-        gate's own mistakes, and the weights they decayed were right). True if any."""
-        if not self.contra_removed:
+    def restore_window(self) -> bool:
+        """Give back what the window took since it opened -- the weights `_decay_unsupported`
+        decayed and the sums `_relax_if_contradicted` relaxed -- keeping what was learned
+        since (a withdrawn drift alarm: the contradicting labels were the gate's own
+        mistakes, the weights they decayed were right, and the sums they relaxed had been
+        earned). True if anything was given back.
+
+        Why the sums too (docs/learning.md, "A withdrawn alarm gives its sums back"): a
+        relaxed sum stays relaxed long after the window, since a feature the path already
+        gets right sees gradients near 0 and its sum regrows slowly; its steps stay ~3x as
+        large (x0.1 the sum). After seed 4's false alarm at 7,752 (eleven wrong blocks of the
+        gate, corrected since) the shared shapes of `http.request` swung with single wrong
+        labels for hundreds of signals: calls to a host the new policy blocks leaned
+        "allow" (0.65) 400 signals later, a tie with the anchor at that checkpoint."""
+        if not self.contra_removed and not any(self.contra_done.values()):
             return False
-        rows = np.fromiter(self.contra_removed, np.intp, len(self.contra_removed))
-        taken = np.fromiter(self.contra_removed.values(), np.float64, len(rows))
-        d = self.xp.asarray(rows)
-        self.w[d] = self.w[d] + self.xp.asarray(taken, dtype=self.w.dtype)
-        self.contra_removed = {}
+        if self.contra_removed:
+            rows = np.fromiter(self.contra_removed, np.intp, len(self.contra_removed))
+            taken = np.fromiter(self.contra_removed.values(), np.float64, len(rows))
+            d = self.xp.asarray(rows)
+            self.w[d] = self.w[d] + self.xp.asarray(taken, dtype=self.w.dtype)
+            self.contra_removed = {}
+        if self.contra_done:  # relaxed: g2 = factor * before + learned; before + learned
+            rows = np.fromiter(self.contra_done, np.intp, len(self.contra_done))
+            taken = np.fromiter(self.contra_done.values(), np.float64, len(rows))
+            d = self.xp.asarray(rows)
+            self.g2[d] = self.g2[d] + self.xp.asarray(taken, dtype=self.g2.dtype)
+            self.contra_done = dict.fromkeys(self.contra_done, 0.0)  # given back once
         return True

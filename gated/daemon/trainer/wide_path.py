@@ -262,13 +262,16 @@ def adapt_to_drift_verdict(learner: WideAdaGrad | WideBag | None, undo: tuple | 
                            confirmed: bool) -> bool:
     """A drift alarm's verdict for the wide path: withdrawn, the shrink `undo` (what
     `adapt_to_drift` returned) is taken back (`WideAdaGrad.unshrink`: what was learned
-    since stays), so is what the window's decay took (`WideAdaGrad.restore_decayed`), and
-    what contradicts the path relaxes and decays nothing more (the labels were the gate's
-    own mistakes). True if the weights changed."""
+    since stays), so is what the contradiction window took -- the weights its decay took,
+    the sums it relaxed (`WideAdaGrad.restore_window`) -- and what contradicts the path
+    relaxes and decays nothing more, nor does a bag's every member learn every example
+    (the labels were the gate's own mistakes: the alarm's adaptation ends). True if the
+    weights or their sums changed."""
     if learner is None or confirmed:
         return False
-    restored = learner.restore_decayed()
+    restored = learner.restore_window()
     learner.relax_contradicted(1.0, 0, 0.0)
+    learner.learn_all_for(0)
     if undo is None:
         return restored
     factor, before = undo
