@@ -187,16 +187,19 @@ class ContradictionWindow:
         "allow" (0.65) 400 signals later, a tie with the anchor at that checkpoint."""
         if not self.contra_removed and not any(self.contra_done.values()):
             return False
-        if self.contra_removed:
-            rows = np.fromiter(self.contra_removed, np.intp, len(self.contra_removed))
-            taken = np.fromiter(self.contra_removed.values(), np.float64, len(rows))
-            d = self.xp.asarray(rows)
-            self.w[d] = self.w[d] + self.xp.asarray(taken, dtype=self.w.dtype)
-            self.contra_removed = {}
-        if self.contra_done:  # relaxed: g2 = factor * before + learned; before + learned
-            rows = np.fromiter(self.contra_done, np.intp, len(self.contra_done))
-            taken = np.fromiter(self.contra_done.values(), np.float64, len(rows))
-            d = self.xp.asarray(rows)
-            self.g2[d] = self.g2[d] + self.xp.asarray(taken, dtype=self.g2.dtype)
-            self.contra_done = dict.fromkeys(self.contra_done, 0.0)  # given back once
+        self._give_back(self.w, self.contra_removed)
+        self.contra_removed = {}
+        # relaxed: g2 = factor * before + learned; adding (1 - factor) * before
+        self._give_back(self.g2, self.contra_done)
+        self.contra_done = dict.fromkeys(self.contra_done, 0.0)  # given back once
         return True
+
+    def _give_back(self, table, taken: dict[int, float]) -> None:
+        """Add `taken[j]` to row `j` of `table` (the learner's weights or sums, on its
+        array module) for every `j` in `taken`."""
+        if not taken:
+            return
+        rows = np.fromiter(taken, np.intp, len(taken))
+        d = self.xp.asarray(rows)
+        amounts = np.fromiter(taken.values(), np.float64, len(rows))
+        table[d] = table[d] + self.xp.asarray(amounts, dtype=table.dtype)
