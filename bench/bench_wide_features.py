@@ -324,6 +324,9 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
                                                          *early_block),
                        f_l[3], doubt=NO_DOUBT if corrected else doubt, novel_at=f_l[5])
 
+    def evidence_of(due) -> list[tuple]:  # as WidePath.on_drift gives `alarm_evidence`
+        return [(f_l[0], f_l[1], y_l, f_l[5]) for f_l, y_l, _ in due]
+
     def z_of(events) -> np.ndarray:
         return np.array([z_of_one(feats(e.signal["context"], e.signal["history"]))
                          for e in events])
@@ -363,13 +366,15 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
                         np.minimum(learner.g2, drift_cap, out=learner.g2)
                     drifts.append((i, began, None))
                     if look_now == "alarm":
-                        with wide.alarm_evidence():  # as WidePath.on_drift
-                            learn_looks(look.take_from(began), i)
+                        due = look.take_from(began)
+                        with wide.alarm_evidence(evidence_of(due)):  # as WidePath.on_drift
+                            learn_looks(due, i)
                 for b, confirmed in detector.take_verdicts():
                     adapt_to_drift_verdict(wide, shrunk.pop(b, None), confirmed)
                     if confirmed and look_now == "verdict":
-                        with wide.alarm_evidence():
-                            learn_looks(look.take_from(b), i)
+                        due = look.take_from(b)
+                        with wide.alarm_evidence(evidence_of(due)):
+                            learn_looks(due, i)
                     k = next(j for j, d in enumerate(drifts) if d[1] == b and d[2] is None)
                     drifts[k] = (*drifts[k][:2], confirmed)
         look.note(fp, y, ev.is_correction)

@@ -360,17 +360,28 @@ def test_a_drift_alarm_takes_the_new_policys_second_looks_at_once_unless_turned_
         return learn(*a, **kw)
 
     trainer.wide_path.learner.learn = counting
+    evidence_given = []
+    evidence = trainer.wide_path.learner.alarm_evidence
+
+    def recording(looks):  # the looks' rows, read before they are learned
+        evidence_given.append([(len(idx), label) for idx, _val, label, _novel in looks])
+        return evidence(looks)
+
+    trainer.wide_path.learner.alarm_evidence = recording
     store.append_signals([_sig(f"ls {k}", "allow" if k < 3 else "block") for k in range(6)])
     trainer.train_on(store.read_signals(0, 64))
     assert len(calls) == 6 and len(trainer.wide_path.second_look) == 6
     trainer._on_drift(4, 5)  # began at signal 4 (1-based), seen at 5: signal 6's waits
     assert calls[6:] == [0.0, 0.0] and len(trainer.wide_path.second_look) == 1
+    assert [label for _, label in evidence_given[0]] == [0.0, 0.0]
+    assert all(n > 0 for n, _ in evidence_given[0])  # each look's features
     assert trainer.wide_path.dirty and "taken now" in trainer.wide_path.drift_note(False)
     assert "once 2 labels have gone against them, each of the alarm's looks" in (
         trainer.wide_path.drift_note(False))  # the decay's votes, told to the operator
     trainer.apply_settings(dataclasses.replace(trainer.settings, drift_look_now=False))
     trainer._on_drift(6, 6)
     assert calls[8:] == [] and len(trainer.wide_path.second_look) == 1
+    assert len(evidence_given) == 1  # no looks taken, no evidence read
     assert "taken now" not in trainer.wide_path.drift_note(False)  # the operator's log
     store.close()
 

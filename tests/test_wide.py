@@ -426,6 +426,63 @@ def test_the_decay_waits_for_as_many_contradicting_labels_as_its_votes():
     assert abs(w[2] - 1.5) < 1e-3 and learner.contra_against[2] == 1
 
 
+def test_the_alarms_evidence_decays_only_the_weights_its_labels_are_mostly_against():
+    """`alarm_evidence(evidence)`: the looks are read first, at the weights before any is
+    learned; a weight more of their labels push toward than against is supported (no
+    label of the window decays it), any other decays at a label of the evidence against
+    it as before (a tie included). A bad spell of the gate -- one wrong "block" among
+    allowed calls -- takes nothing from the calls' weights; a policy change's evidence --
+    mostly "block" on a weight that says "allow" -- decays it at once. On a bag every
+    member reads the evidence at its own weights."""
+
+    def fresh() -> tuple[WideAdaGrad, np.ndarray]:
+        weights, accum = np.zeros(8), np.full(8, 1e6)  # huge sums: steps ~1e-4, visible
+        weights[[1, 2]] = [2.0, 1.5]
+        learner = WideAdaGrad(weights, accum, scale=1.0, lr=0.5, l2=0.0)
+        learner.relax_contradicted(1.0, 20, 0.0, 0.0, 2)
+        return learner, weights
+
+    def look(buckets: list[int], label: float) -> tuple:
+        return np.array(buckets), np.ones(len(buckets)), label, -1
+
+    # the gate's bad spell: three allowed calls read bucket 1, one wrong "block" reads 1, 2
+    spell = [look([1, 5], 1.0), look([1, 5], 1.0), look([1, 2], 0.0), look([1, 6], 1.0)]
+    learner, w = fresh()
+    with learner.alarm_evidence(spell):
+        for idx, val, label, _ in spell:
+            learner.learn(idx, val, 0.0, label, 1.0)
+    assert 1 in learner.contra_supported and 2 not in learner.contra_supported
+    assert abs(w[1] - 2.0) < 1e-2  # 3 for, 1 against: kept
+    assert abs(w[2]) < 1e-3  # only against: decayed at once, as every vote
+    learner.learn(np.array([1]), np.ones(1), 0.0, 0.0, 1.0)  # a later wrong "block"...
+    learner.learn(np.array([1]), np.ones(1), 0.0, 0.0, 1.0)  # ...and another: supported
+    assert abs(w[1] - 2.0) < 1e-2 and 1 not in learner.contra_removed
+
+    # a policy change: one allowed call before it, two blocked after it
+    change = [look([1, 5], 1.0), look([1, 6], 0.0), look([1, 7], 0.0)]
+    learner, w = fresh()
+    with learner.alarm_evidence(change):
+        learner.learn(*change[0][:2], 0.0, 1.0, 1.0)
+        learner.learn(*change[1][:2], 0.0, 0.0, 1.0)
+        assert abs(w[1]) < 1e-3  # 1 for, 2 against: the first "block" takes it
+    # a tie decays as well: the window's votes as before the majority
+    learner, w = fresh()
+    tie = [look([1, 5], 1.0), look([1, 6], 0.0)]
+    with learner.alarm_evidence(tie):
+        for idx, val, label, _ in tie:
+            learner.learn(idx, val, 0.0, label, 1.0)
+    assert abs(w[1]) < 1e-3
+
+    # a bag: each member by its own weights (member 1 says "block" at bucket 1 already)
+    members = [fresh()[0], fresh()[0]]
+    members[1].w[1] = -2.0
+    bag = WideBag(members)
+    with bag.alarm_evidence(iter(spell)):  # a one-pass iterable: every member reads it
+        pass
+    assert 1 in members[0].contra_supported
+    assert 1 not in members[1].contra_supported and 5 not in members[1].contra_supported
+
+
 def test_a_drift_alarm_opens_every_members_contradiction_window_until_withdrawn(tmp_path):
     """The trainer's drift alarm opens `drift_wide_contra_*`'s window on every member of
     the bag, with the settings' factor, margin and votes; a withdrawn alarm closes it (the

@@ -13,7 +13,7 @@ them as they are, and its `logit` reads them as serving does when told where the
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 
@@ -409,11 +409,13 @@ class WideBag:
         return any([learner.restore_window() for learner in self.learners])
 
     @contextlib.contextmanager
-    def alarm_evidence(self) -> Iterator[None]:
-        """`WideAdaGrad.alarm_evidence` on every member."""
+    def alarm_evidence(self, evidence: Iterable[tuple] = ()) -> Iterator[None]:
+        """`WideAdaGrad.alarm_evidence` on every member (each reads `evidence` at its own
+        weights)."""
+        evidence = list(evidence)
         with contextlib.ExitStack() as stack:
             for learner in self.learners:
-                stack.enter_context(learner.alarm_evidence())
+                stack.enter_context(learner.alarm_evidence(evidence))
             yield
 
     def relax(self, factor: float, pair_factor: float | None = None) -> None:

@@ -16,8 +16,9 @@ its array module `xp` and `_host`.
 
 from __future__ import annotations
 
+import collections
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 
@@ -113,21 +114,44 @@ class ContradictionWindow:
         return decayed
 
     @contextlib.contextmanager
-    def alarm_evidence(self) -> Iterator[None]:
+    def alarm_evidence(self, evidence: Iterable[tuple] = ()) -> Iterator[None]:
         """What is learned inside is the alarm's own evidence: the second looks a drift
         alarm takes at once (`train.drift_look_now`), the labels from the change's
-        estimated start to the alarm. It counts in the window and is contradicted as ever,
-        but it supports nothing for `_decay_unsupported`: the looks can start ~50 signals
-        before the change, and the old policy's labels among them (the known installs it
-        allowed) supported the very weights the new policy's installs contradict. And a
-        label of it against a weight counts as all of the window's votes: the detector
-        that raised the alarm on these labels is their corroboration (docs/learning.md,
-        "One wrong label in the window")."""
+        estimated start to the alarm, given first as `evidence` ((idx, val, label,
+        novel_at) each). It counts in the window and is contradicted as ever, and a label
+        of it against a weight counts as all of the window's votes: the detector that
+        raised the alarm on these labels is their corroboration (docs/learning.md, "One
+        wrong label in the window") -- unless the evidence's labels for that weight
+        outnumber those against it (`_evidence_majority`, read at the weights before any of
+        it is learned): then the evidence supports it, and no label of the window decays it.
+
+        Why the majority (docs/learning.md, "The alarm's evidence by majority"): the
+        looks can start ~50 signals before the change, so one look at a time supports
+        nothing (the old policy's labels among them, the known installs it allowed,
+        supported the very weights the new policy's installs contradict). But a policy
+        change's evidence is mostly against the weights it flips, while a bad spell of
+        the gate is one wrong label among many right ones: seed 4's false alarm at 7,924
+        held an uncorrected wrong block of an org-host GET beside allowed ones, and every
+        allow-leaning weight of those calls decayed to 0 at once (four allowed calls to
+        the org's hosts then served 0.32-0.49)."""
         before, self.contra_evidence = self.contra_evidence, True
+        if self.contra_decay != 1.0:
+            self.contra_supported.update(self._evidence_majority(evidence))
         try:
             yield
         finally:
             self.contra_evidence = before
+
+    def _evidence_majority(self, evidence: Iterable[tuple]) -> list[int]:
+        """The buckets whose weights more labels of `evidence` push toward (their part of
+        the member's linear logit signed toward the label > 0) than against (< 0)."""
+        balance: collections.Counter[int] = collections.Counter()
+        for idx, val, label, novel_at in evidence:
+            st = self._gradient(idx, val, 0.0, label, 1.0, None, novel_at)
+            push = st["w_now"] * st["val"] * (1.0 if label >= 0.5 else -1.0)
+            balance.update(st["idx"][push > 0.0].tolist())
+            balance.subtract(st["idx"][push < 0.0].tolist())
+        return [j for j, more_for in balance.items() if more_for > 0]
 
     def _decay_unsupported(self, idx: np.ndarray, push: np.ndarray) -> bool:
         """Multiply by `contra_decay` the linear weights of a contradicted example that push

@@ -158,8 +158,11 @@ class WidePath:
                                                     s.drift_wide_contra_decay,
                                                     s.drift_wide_contra_decay_votes))
         if self.learner is not None and s.drift_look_now:
-            with self.learner.alarm_evidence():  # they may start before the change
-                self._learn_looks(self.second_look.take_from(began_seq, seen_seq), seen_seq)
+            due = self.second_look.take_from(began_seq, seen_seq)
+            evidence = [(idx, val, label, novel_at)
+                        for (idx, val, _pair, novel_at), label, _ in due]
+            with self.learner.alarm_evidence(evidence):  # they may start before the change
+                self._learn_looks(due, seen_seq)
             self.dirty = True
         if undo is None:
             return False
