@@ -45,6 +45,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -222,7 +223,7 @@ def run(preset: str, lr: float, rate: float, n_signals: int, switch_at: int, see
     with tempfile.TemporaryDirectory(prefix="gated-learn-") as tmp:
         store = Store(tmp)
         trainer, serving = build_trainer(store, cfg, settings, seed=seed, backend=backend)
-        trainer.events = drifts = DriftLog()
+        trainer.events = drifts = DriftLog(lambda: trainer.status.last_trained_seq)
         if served_logits:  # as the daemon: [serving] served_logits
             serving.served = ServedDeep(ServingConfig().served_logits)
         events: dict[int, object] = {}  # seq -> Event
@@ -417,13 +418,23 @@ def run(preset: str, lr: float, rate: float, n_signals: int, switch_at: int, see
 
 
 class DriftLog(TrainerEvents):
-    """The drift alarms' verdicts: (change estimated at, confirmed, replay dropped)."""
+    """The drift alarms' verdicts: (change estimated at, confirmed, replay dropped, the
+    trainer's position in the stream at the alarm, at the verdict). Why the positions: a
+    dip inside an alarm's window reads differently before and after its verdict, and the
+    trace alone does not say when either came (docs/learning.md, "A withdrawn alarm gives
+    its sums back")."""
 
-    def __init__(self) -> None:
-        self.verdicts: list[tuple[int, bool, int]] = []
+    def __init__(self, position: Callable[[], int]) -> None:
+        self.position = position
+        self.alarmed_at: dict[int, int] = {}
+        self.verdicts: list[tuple[int, bool, int, int, int]] = []
+
+    def on_drift(self, began_seq: int) -> None:
+        self.alarmed_at[began_seq] = self.position()
 
     def on_drift_verdict(self, began_seq: int, confirmed: bool, dropped: int) -> None:
-        self.verdicts.append((began_seq, confirmed, dropped))
+        self.verdicts.append((began_seq, confirmed, dropped,
+                              self.alarmed_at.get(began_seq, -1), self.position()))
 
 
 def _allow_band_phases(scored: list[tuple[float, bool]], served_open: list[bool],

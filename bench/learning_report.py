@@ -98,6 +98,16 @@ def by_category(r: dict) -> list[str]:
     return out
 
 
+def _drift_verdict(began: int, confirmed: bool, dropped: int, alarmed_at: int = -1,
+                   decided_at: int = -1) -> str:
+    """One drift alarm of a run's `drifts` (bench_learning.py `DriftLog`; results from
+    before the positions were kept have the first three fields only)."""
+    where = (f" (alarm at {alarmed_at:,}, verdict at {decided_at:,})"
+             if alarmed_at >= 0 and decided_at >= 0 else "")
+    return f"{began:,}{where} " + (f"confirmed, {dropped:,} replay examples dropped"
+                                   if confirmed else "withdrawn, replay kept")
+
+
 def _every_checkpoint(rows: list[dict], settled: int = 2000) -> str:
     """The probes over all checkpoints, not at one: a single checkpoint's history-rule
     figure is one draw from a wide spread (docs/learning.md, "The wide path's rate"), so a
@@ -200,11 +210,9 @@ def summary(r: dict) -> list[str]:
            f"signals"] if r.get("stopped_at") else []),
         f"- keeping up: {r['steps']} steps in {r['virtual_s']} s of virtual time, queue max "
         f"{r['max_queue']}, at the end {r['final_queue']} signals",
-        "- drift alarms (signal where the change began, by the estimate; verdict after the "
-        "corrections of the wait): " + (", ".join(
-            f"{b:,} " + (f"confirmed, {d:,} replay examples dropped" if c
-                         else "withdrawn, replay kept") for b, c, d in r.get("drifts", []))
-            or "none")
+        "- drift alarms (signal where the change began, by the estimate; the trainer's "
+        "position at the alarm and at its verdict, after the corrections of the wait): "
+        + (", ".join(_drift_verdict(*v) for v in r.get("drifts", [])) or "none")
         + "; the allow band's guard: {:.0f} alarms".format(
             r["rows"][-1].get("allow_guard_alarms", 0)),
     ]

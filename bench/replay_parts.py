@@ -10,7 +10,8 @@ probes of the policy in force with the trainer's own learner: the unseen-value p
 TRUE category, the history-rule pairs, and each feature group's part of their logits
 (bench/wide_parts.py `parts_table`). `--at` prints the history pairs at earlier signals too,
 `--watch` every signal of those tools from the change on, `--set` overrides a [train]
-setting. About six minutes to 4,200 signals on a 2-core VM.
+setting. About six minutes to 4,200 signals on the sixty-fourth session's 2-core VM
+(speed probe 148 GFLOP/s); ~58 minutes to 8,000, two at once, on the sixty-ninth's (66-87).
 
     .venv/bin/python bench/replay_parts.py --seed 15 --stop 4180 --at 4070,4150
     .venv/bin/python bench/replay_parts.py --seed 2 --stop 4194 --watch pkg.install \
