@@ -5,10 +5,12 @@ so the old policy's confident weights turn slowly. For the examples learned afte
 alarm (`relax_contradicted`, opened by daemon/trainer/wide_path.py `adapt_to_drift`), a
 label the learner's logit contradicts relaxes its buckets' sums (they step as if new),
 and the weights it pushes against that nothing in the window has supported decay -- from
-the second such label against them on. Kept apart from the optimiser's arithmetic
+the second such label against them on (the alarm's own evidence at once, where its labels
+are not mostly for them). Kept apart from the optimiser's arithmetic
 (wide_learner.py) because it is a rule about evidence over many examples, not a step:
 docs/learning.md "Relaxing what the new policy contradicts", "Decaying what only the
-flipped calls read" and "One wrong label in the window".
+flipped calls read", "One wrong label in the window" and "The alarm's evidence by
+majority".
 
 A mixin of `WideAdaGrad`: it reads and writes the learner's weights `w`, its sums `g2`,
 its array module `xp` and `_host`.
