@@ -99,8 +99,7 @@ class ContradictionWindow:
         contradicted = (z >= 0.0) != (label >= 0.5) and abs(z) > self.contra_margin
         decayed = False
         if self.contra_decay != 1.0:  # off: no support to keep either
-            # each bucket's part of the logit, signed toward the label: > 0 supports it
-            push = st["w_now"] * st["val"] * (1.0 if label >= 0.5 else -1.0)
+            push = self._push(st, label)
             decayed = contradicted and self._decay_unsupported(st["idx"], push)
             if not self.contra_evidence:
                 self.contra_supported.update(st["idx"][push > 0.0].tolist())
@@ -114,6 +113,12 @@ class ContradictionWindow:
             self.contra_done.update(zip(fresh, taken.tolist(), strict=True))
             self.g2[d] = sums * self.contra_factor
         return decayed
+
+    @staticmethod
+    def _push(st: dict, label: float) -> np.ndarray:
+        """Each bucket's part of the linear logit of `st` (a `_gradient`), signed toward
+        `label`: > 0 supports the label, < 0 pushes against it."""
+        return st["w_now"] * st["val"] * (1.0 if label >= 0.5 else -1.0)
 
     @contextlib.contextmanager
     def alarm_evidence(self, evidence: Iterable[tuple] = ()) -> Iterator[None]:
@@ -150,7 +155,7 @@ class ContradictionWindow:
         balance: collections.Counter[int] = collections.Counter()
         for idx, val, label, novel_at in evidence:
             st = self._gradient(idx, val, 0.0, label, 1.0, None, novel_at)
-            push = st["w_now"] * st["val"] * (1.0 if label >= 0.5 else -1.0)
+            push = self._push(st, label)
             balance.update(st["idx"][push > 0.0].tolist())
             balance.subtract(st["idx"][push < 0.0].tolist())
         return [j for j, more_for in balance.items() if more_for > 0]
