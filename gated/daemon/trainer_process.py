@@ -220,10 +220,24 @@ def run_trainer(spec: TrainerSpec, conn: Any, wake: Any) -> None:
     trainer.use_cores(spec.threads)
     events.trainer = trainer
 
+    # The handler only writes the signal's number to a pipe; a thread reads it and stops
+    # the trainer. Why: a Python handler runs in the main thread between two bytecodes,
+    # possibly while that thread holds the trainer's wake Event's lock (the loop waits on
+    # it), and `trainer.stop` sets that Event: the lock is not reentrant, so the stop
+    # can deadlock -- the likely cause of a trainer that logged the SIGTERM, never stopped,
+    # and was killed by the supervisor after 4 s (1 of 12 stops in one CI run of
+    # tests/test_trainer_process.py, 2026-12-07; not reproduced in 60 more).
+    signal_r, signal_w = os.pipe()
+
     def on_signal(signum: int, _frame: object) -> None:
+        os.write(signal_w, bytes([signum]))
+
+    def stop_on_signal() -> None:
+        signum = os.read(signal_r, 1)[0]
         log.info("trainer: %s, checkpointing and stopping", signal.Signals(signum).name)
         trainer.stop(drain=False)
 
+    threading.Thread(target=stop_on_signal, name="gated-trainer-signal", daemon=True).start()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
     if spec.reinit or store.published_info() is None:
