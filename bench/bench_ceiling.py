@@ -56,7 +56,8 @@ def fresh_learner(cfg: ModelConfig, tc: TrainConfig) -> WideAdaGrad:
     model = Model.init(cfg, seed=0, dtype="float64")
     return WideAdaGrad.for_model(model, np.zeros(model.num_params), lr=tc.wide_lr,
                                  l2=tc.wide_l2, pair_lr=tc.wide_pair_lr,
-                                 pair_first=tc.wide_pair_first)
+                                 pair_first=tc.wide_pair_first,
+                                 rule_blocks_pair_only=tc.wide_pair_owns_rule_blocks)
 
 
 def score(learner: WideAdaGrad, probes: list, feats: list) -> dict:

@@ -192,7 +192,7 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
            pair_history: int = 0, doubt: tuple[float, float] = NO_DOUBT,
            parts_at: int = 0, familiarity: float = 0.0,
            unscaled_adapting: int = 0, novel: float = 0.0, fresh_hosts: float = 0.0,
-           look_now: str = "never") -> dict:
+           look_now: str = "never", rule_blocks_pair_only: bool = False) -> dict:
     """One setting's run; `lag` > 1 scores each signal with weights that have not yet
     learned the previous `lag` - 1 (updates applied in groups of `lag`), as the daemon's
     trainer scores a step's arrivals with the weights published before them. `pair_rank`
@@ -288,7 +288,8 @@ def replay(words: float, cross: float, l2: float, seed: int, n: int, switch_at: 
     model = Model.init(cfg, seed=init_seed, dtype="float64")  # the wide slots, initialised
     wide = WideAdaGrad.for_model(model, np.zeros(model.num_params), lr=lr, l2=l2,
                                  pair_lr=pair_lr, pair_l2=None if pair_l2 < 0 else pair_l2,
-                                 pair_first=pair_first)
+                                 pair_first=pair_first,
+                                 rule_blocks_pair_only=rule_blocks_pair_only)
     anchor = HashedNgramLR()
     stream = GatewayTraffic(seed=seed, fresh_hosts=fresh_hosts)
     probe_src = GatewayTraffic(seed=seed)
@@ -464,6 +465,11 @@ def main() -> None:
                     default=TrainConfig().wide_pair_first,
                     help="the pair term steps first (TrainConfig.wide_pair_first, the default; "
                          "--no-pair-first: the joint step)")
+    ap.add_argument("--pair-owns-rule-blocks", action=argparse.BooleanOptionalAction,
+                    default=False,
+                    help="a block of an upload after a credential-file read steps the pair "
+                         "term alone (TrainConfig.wide_pair_owns_rule_blocks, the daemon's "
+                         "default; off here so the tables before it reproduce)")
     ap.add_argument("--init-seed", type=int, default=0,
                     help="seed of the wide path's init (its pair tables); -1: the stream's "
                          "seed, as bench_learning.py's daemon has it")
@@ -596,7 +602,8 @@ def main() -> None:
                        a.call_mark_places, a.endpoint_addresses, a.early_looks, a.bias,
                        a.drift_shrink, contra, a.pair_history,
                        tuple(float(x) for x in a.doubt.split(":")), a.parts, a.familiarity,
-                       a.unscaled_adapting, a.novel, a.fresh_hosts, a.look_now)
+                       a.unscaled_adapting, a.novel, a.fresh_hosts, a.look_now,
+                       a.pair_owns_rule_blocks)
             p0, p1 = (r["at"][p] for p in points)
 
             def pair(k: str, p0=p0, p1=p1) -> str:

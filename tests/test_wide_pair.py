@@ -371,8 +371,9 @@ def test_a_bags_members_start_equal_and_learn_at_their_poisson_draws(all_learn):
         for m, part in enumerate(parts):
             np.testing.assert_array_equal(part, refs[m].params[name].reshape(-1))
         assert not np.array_equal(parts[0], parts[1])
-    bag.lr, bag.pair_first = 0.2, False  # a reload's settings reach every member
-    assert all(s.lr == 0.2 and not s.pair_first for s in bag.learners)
+    bag.lr, bag.pair_first, bag.rule_blocks_pair_only = 0.2, False, True  # a reload's
+    assert all(s.lr == 0.2 and not s.pair_first and s.rule_blocks_pair_only  # settings
+               for s in bag.learners)  # reach every member
     sums = [s.g2.copy() for s in bag.learners]
     bag.relax(0.5)  # a drift relaxes every member
     for s, g2 in zip(bag.learners, sums, strict=True):
@@ -522,3 +523,43 @@ def test_pair_first_steps_the_pair_term_then_the_linear_weights_at_its_new_value
     a.learn(idx, val, 0.3, 1.0, 1.0, None)
     b.learn(idx, val, 0.3, 1.0, 1.0, None)
     np.testing.assert_array_equal(a.w, b.w)
+
+
+@pytest.mark.parametrize("first", [True, False])
+def test_a_history_rule_block_steps_the_pair_term_alone(first: bool):
+    """`rule_blocks_pair_only`: a "block" of a call whose pair features hold a destination
+    row (`pair_features` gives one only to an upload after a credential-file read) steps
+    the pair tables exactly as without the option and leaves the linear weights and their
+    sums as they were; an "allow" of that call, a "block" without a destination row and
+    the option off step the linear weights too."""
+    rng = np.random.default_rng(5)
+    w0, u0, v0 = rng.normal(size=32), rng.normal(size=(20, 3)), rng.normal(size=(16, 3))
+    idx, val = np.array([0, 4, 7]), rng.normal(size=3)
+    site = (np.array([2, 5]), np.array([0.6, 0.8]))
+    read = (np.array([1, 9]), np.array([1.0, 1.0]), np.array([0, 0]))
+    rule = (np.append(site[0], 17), np.append(site[1], 1.0), *read)  # row 17: a destination
+    plain = (*site, *read)
+
+    def learner(on: bool) -> WideAdaGrad:
+        return WideAdaGrad(w0.copy(), np.ones(32), scale=1.0, l2=1e-3, pool=0.5,
+                           pair=(u0.copy(), np.ones((20, 3)), v0.copy(), np.ones((16, 3))),
+                           pair_first=first, destination_rows=4, rule_blocks_pair_only=on)
+
+    def after(on: bool, label: float, pair) -> WideAdaGrad:
+        one = learner(on)
+        one.learn(idx, val, 0.0, label, 1.0, pair)
+        return one
+
+    held, off = after(True, 0.0, rule), after(False, 0.0, rule)
+    np.testing.assert_array_equal(held.w, w0)  # the linear weights did not learn it
+    np.testing.assert_array_equal(held.g2, np.ones(32))  # nor their sums
+    if first:  # the pair term's step comes first either way: the same step
+        np.testing.assert_array_equal(held.pair[0], off.pair[0])
+        np.testing.assert_array_equal(held.pair[2], off.pair[2])
+    else:  # the joint step: the pair term's gradient is at the same weights either way
+        np.testing.assert_allclose(held.pair[0], off.pair[0], rtol=1e-12)
+    assert not np.array_equal(held.pair[0], u0)  # and it did learn
+    assert not np.array_equal(off.w, w0)  # the option off: the linear weights learn
+    assert not np.array_equal(after(True, 1.0, rule).w, w0)  # an allow of the call
+    assert not np.array_equal(after(True, 0.0, plain).w, w0)  # a block, no destination row
+    assert not np.array_equal(after(True, 0.0, None).w, w0)  # a block, no pair features

@@ -127,6 +127,14 @@ class TrainConfig:
                                  "rule is learned by the term that can carry it, not by the "
                                  "outbound call's words (docs/learning.md, 'The pair term "
                                  "first')", hot=True)
+    wide_pair_owns_rule_blocks: bool = _opt(True, "a 'block' of a call that can carry data "
+                                            "out after a credential-file read (the history "
+                                            "rule's shape) is learned by the wide path's "
+                                            "pair term alone, not by its linear weights, so "
+                                            "the same call after a harmless read is not "
+                                            "blocked by its own words (docs/learning.md, "
+                                            "'The history rule's blocks are the pair "
+                                            "term's')", hot=True)
     wide_turns: bool = _opt(True, "on the CPU, a transformer step stops after each of its "
                             "chunks for the wide path to learn the signals that arrived "
                             "meanwhile and publish them (predictions then wait ~1 s for a "

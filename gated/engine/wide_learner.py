@@ -55,7 +55,8 @@ class WideAdaGrad(ContradictionWindow):
                  eps: float = 1e-8, xp=np, pair=None, pair_lr: float = 0.1,
                  pool: float = 0.0, veto: float = 0.0, pair_l2: float | None = None,
                  pair_first: bool = False, block_only: bool = False,
-                 destination_rows: int = 0, familiarity: tuple[float, int] = (0.0, 1)) -> None:
+                 destination_rows: int = 0, familiarity: tuple[float, int] = (0.0, 1),
+                 rule_blocks_pair_only: bool = False) -> None:
         self.w, self.g2, self.scale, self.xp = weights, accum, scale, xp
         #: how `logit` reads the n-grams when told where they end (`familiar_values`:
         #: power, where they start); learning reads them as they are
@@ -76,6 +77,9 @@ class WideAdaGrad(ContradictionWindow):
         #: `destination_row`), which a first look's "block" does not step (`learn`)
         self.destination_from = (None if pair is None or not destination_rows
                                  else pair[0].shape[0] - destination_rows)
+        #: a "block" of a call the history rule could concern steps the pair term alone
+        #: (`learn`)
+        self.rule_blocks_pair_only = rule_blocks_pair_only
         self._close_window()
 
     @classmethod
@@ -169,8 +173,19 @@ class WideAdaGrad(ContradictionWindow):
         times as likely there), and one of them, on an exfiltration by e-mail, taught the
         term "allow" for every secret; the other three (a GET, an org host after a secret
         read) learn at the reduced weight (docs/learning.md, "Doubting an uncorrected
-        allow")."""
+        allow").
+
+        `rule_blocks_pair_only`: a "block" label of a call the history rule could concern
+        -- its pair features hold a destination row (`destination_from`), which
+        `pair_features` gives only to a call that can carry data out after a
+        credential-file read -- steps the pair term alone; the linear weights do not
+        learn it. Why (docs/learning.md, "The history rule's blocks are the pair
+        term's"): the call's own words can only learn "this upload is blocked", and the
+        same upload after a harmless read (its allowed twin) was then blocked by them
+        (seed 16's history rule 0.75 / 0.86 at its first two checkpoints); the pair
+        term, left the whole residual, learns the conjunction from fewer examples."""
         val = self._novel_read(idx, val, novel_at)  # before any step of this signal
+        linear = not self._rule_block(pair, label)
         st = self._gradient(idx, val, z_rest, label, weight, pair)
         factor, logits = doubt
         if self._contradicted_allow(st, label, logits):
@@ -185,17 +200,25 @@ class WideAdaGrad(ContradictionWindow):
             rows, g, now = st["pair"][0]
             keep = rows < self.destination_from
             st["pair"][0] = (rows[keep], g[keep], now[keep])
-        if not (self.pair_first and st["pair"]):
+        if linear and not (self.pair_first and st["pair"]):
             self._step(self.w, self.g2, st["d_idx"], st["w_now"], st["g"], self.lr)
         if st["pair"]:  # only when the learner has a pair term and the signal its features
             for (rows, g, now), table, sums in zip(st["pair"], self.pair[0::2], self.pair[1::2],
                                                    strict=True):
                 if len(rows):
                     self._step(table, sums, self.xp.asarray(rows), now, g, self.pair_lr)
-            if self.pair_first:
+            if self.pair_first and linear:
                 lin = self._gradient(idx, val, z_rest, label, weight, pair)
                 self._step(self.w, self.g2, lin["d_idx"], lin["w_now"], lin["g"], self.lr)
         return st["z"]
+
+    def _rule_block(self, pair, label: float) -> bool:
+        """A "block" label of a call whose pair features hold a destination row (the
+        history rule's shape: an upload after a credential-file read), with
+        `rule_blocks_pair_only` on: the pair term learns it alone (`learn`)."""
+        return (self.rule_blocks_pair_only and label < 0.5 and pair is not None
+                and self.destination_from is not None
+                and bool((np.asarray(pair[0]) >= self.destination_from).any()))
 
     @staticmethod
     def _contradicted_allow(st: dict, label: float, logits: float) -> bool:
@@ -341,6 +364,8 @@ class WideBag:
                        lambda self, v: self._set("pair_lr", v))
     pair_first = property(lambda self: self.learners[0].pair_first,
                           lambda self, v: self._set("pair_first", v))
+    rule_blocks_pair_only = property(lambda self: self.learners[0].rule_blocks_pair_only,
+                                     lambda self, v: self._set("rule_blocks_pair_only", v))
     #: the contradiction window's examples left (member 0's: it learns every example)
     contra_left = property(lambda self: self.learners[0].contra_left)
 

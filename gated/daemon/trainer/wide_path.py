@@ -48,7 +48,8 @@ class WidePath:
         s = self.settings
         self.learner = (WideAdaGrad.for_model(model, adamw_v, lr=s.wide_lr, l2=s.wide_l2,
                                               pair_lr=s.wide_pair_lr,
-                                              pair_first=s.wide_pair_first)
+                                              pair_first=s.wide_pair_first,
+                                              rule_blocks_pair_only=s.wide_pair_owns_rule_blocks)
                         if "wide.w" in model.params else None)
         self.dirty = False
         self._shrunk = {}  # other weights now: a pending alarm's shrink is not taken back
@@ -58,6 +59,7 @@ class WidePath:
         if self.learner is not None:
             self.learner.lr, self.learner.l2 = s.wide_lr, s.wide_l2
             self.learner.pair_lr, self.learner.pair_first = s.wide_pair_lr, s.wide_pair_first
+            self.learner.rule_blocks_pair_only = s.wide_pair_owns_rule_blocks
         # the second look learns beside a transformer logit of 0; with `wide_residual` the
         # logit of its first look would be another transformer's: no second look then
         self.second_look.delay = 0 if s.wide_residual else s.wide_second_look
