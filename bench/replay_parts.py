@@ -8,7 +8,8 @@ detector and its response as in the daemon), a publication after each, no transf
 (lr 0) -- so the same seed gives the same state every time, and at `--stop` scores the
 probes of the policy in force with the trainer's own learner: the unseen-value probes by
 TRUE category, the history-rule pairs, and each feature group's part of their logits
-(bench/wide_parts.py `parts_table`). `--at` prints the history pairs at earlier signals too,
+(bench/wide_parts.py `parts_table`) and the stream's errors (the served answer against
+the TRUE label). `--at` prints the same at earlier signals too,
 `--watch` every signal of those tools from the change on, `--set` overrides a [train]
 setting. About six minutes to 4,200 signals on the sixty-fourth session's 2-core VM
 (speed probe 148 GFLOP/s); ~58 minutes to 8,000, two at once, on the sixty-ninth's (66-87).
@@ -54,6 +55,19 @@ def history_report(learner, cfg: ModelConfig, probes) -> str:
             + "\n".join(parts_table(learner, cfg, probes)))
 
 
+def unseen_report(learner, cfg: ModelConfig, unseen, at: int, policy: str) -> str:
+    """The unseen-value probes' accuracy, block recall on them and accuracy by TRUE
+    category (`unseen`: made under the policy in force, whose TRUE labels they carry)."""
+    by: dict[str, list[bool]] = collections.defaultdict(list)
+    for ok, e in zip(_right(learner, cfg, unseen), unseen, strict=True):
+        by[e.category].append(ok)
+    blocks = [o for c, v in by.items() if c != "allow" for o in v]
+    return (f"@{at} ({policy}): unseen-value probes "
+            f"{np.mean([o for v in by.values() for o in v]):.3f}, block recall on them "
+            f"{np.mean(blocks):.3f}; by TRUE category: "
+            + ", ".join(f"{c} {np.mean(v):.2f}" for c, v in sorted(by.items())))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -74,8 +88,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="gated-replay-parts-") as tmp:
         store = Store(tmp)
         trainer, _serving = build_trainer(store, cfg, settings, seed=a.seed, backend="numpy")
+        errors = 0  # the served answers (p_allow >= 0.5) against the TRUE label
         for i in range(a.stop):
             if i in at:
+                print(unseen_report(trainer.wide_path.learner, cfg,
+                                    probe_traffic.probes(a.probes, a.seed + 1000), i,
+                                    probe_traffic.policy)
+                      + f"; the stream's errors so far {errors}", flush=True)
                 print(f"@{i}: " + history_report(trainer.wide_path.learner, cfg,
                                                  probe_traffic.history_probes(
                                                      a.probes, a.seed + 1001)), flush=True)
@@ -85,21 +104,16 @@ def main() -> None:
             store.append_signals([ev.signal])
             trainer._take(store.read_signals(trainer.status.last_trained_seq, 16))
             for seq, p, *_ in trainer.take_scores():
+                errors += (p >= 0.5) != ev.true_allow
                 if i >= a.switch_at and ev.signal["context"].split(" ", 1)[0] in watch:
                     print(f"  signal {seq}: served p {p:.3f}, TRUE allow {ev.true_allow}, "
                           f"{ev.category}, gate {ev.signal.get('decision')}: "
                           f"{ev.signal['context'][:70]}", flush=True)
             trainer.publish_now()
         learner = trainer.wide_path.learner
-        unseen = probe_traffic.probes(a.probes, a.seed + 1000)
-        by: dict[str, list[bool]] = collections.defaultdict(list)
-        for ok, e in zip(_right(learner, cfg, unseen), unseen, strict=True):
-            by[e.category].append(ok)
-        blocks = [o for c, v in by.items() if c != "allow" for o in v]
-        print(f"@{a.stop} ({probe_traffic.policy}): unseen-value probes "
-              f"{np.mean([o for v in by.values() for o in v]):.3f}, block recall on them "
-              f"{np.mean(blocks):.3f}; by TRUE category: "
-              + ", ".join(f"{c} {np.mean(v):.2f}" for c, v in sorted(by.items())))
+        print(unseen_report(learner, cfg, probe_traffic.probes(a.probes, a.seed + 1000),
+                            a.stop, probe_traffic.policy)
+              + f"; the stream's errors {errors}")
         print(f"@{a.stop}: " + history_report(learner, cfg, probe_traffic.history_probes(
             a.probes, a.seed + 1001)))
         store.close()
